@@ -1,0 +1,205 @@
+/* ctx.c: the lunar context: errors, threads, backends, pools and scopes. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+lunar_status lunar_ctx_init(lunar_ctx **out) {
+    lunar_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) return LUNAR_ERR_OOM;
+    ctx->backends[LUNAR_DEVICE_CPU] = lunar_backend_cpu();
+    ctx->backends[LUNAR_DEVICE_CUDA] = lunar_backend_cuda();
+    int threads = 0;
+    const char *env = getenv("LUNAR_THREADS");
+    if (env && *env) threads = atoi(env);
+#ifdef _OPENMP
+    if (threads <= 0) threads = omp_get_num_procs();
+#endif
+    if (threads <= 0) threads = 1;
+    lunar_ctx_set_threads(ctx, threads);
+    *out = ctx;
+    return LUNAR_OK;
+}
+
+void lunar_ctx_free(lunar_ctx *ctx) {
+    if (!ctx) return;
+    while (ctx->scope_depth > 0) lunar_scope_pop(ctx);
+    free(ctx->scopes);
+    if (ctx->cpu_pool) lunar_pool_destroy(ctx, ctx->cpu_pool);
+    for (int i = 0; i < LUNAR_MAX_CUDA_DEVICES; i++)
+        if (ctx->cuda_pools[i]) lunar_pool_destroy(ctx, ctx->cuda_pools[i]);
+    for (int t = 0; t < LUNAR_DEVICE_TYPE_COUNT; t++)
+        if (ctx->backends[t] && ctx->backends[t]->shutdown) ctx->backends[t]->shutdown(ctx);
+    free(ctx);
+}
+
+lunar_status lunar_failv(lunar_ctx *ctx, lunar_status st, const char *file, int line, const char *fmt,
+                         va_list ap) {
+    if (!ctx) return st;
+    vsnprintf(ctx->err, sizeof ctx->err, fmt, ap);
+    snprintf(ctx->err_where, sizeof ctx->err_where, "%s:%d", file ? file : "?", line);
+    ctx->err_status = st;
+    return st;
+}
+
+lunar_status lunar_fail(lunar_ctx *ctx, lunar_status st, const char *file, int line, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    lunar_failv(ctx, st, file, line, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+const char *lunar_ctx_error(const lunar_ctx *ctx) { return ctx->err; }
+const char *lunar_ctx_error_where(const lunar_ctx *ctx) { return ctx->err_where; }
+lunar_status lunar_ctx_status(const lunar_ctx *ctx) { return ctx->err_status; }
+
+void lunar_ctx_clear_error(lunar_ctx *ctx) {
+    ctx->err[0] = 0;
+    ctx->err_where[0] = 0;
+    ctx->err_status = LUNAR_OK;
+}
+
+void lunar_ctx_prefix_error(lunar_ctx *ctx, const char *fmt, ...) {
+    char prefix[512], old[sizeof ctx->err];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    memcpy(old, ctx->err, sizeof old);
+    snprintf(ctx->err, sizeof ctx->err, "%s: %s", prefix, old);
+}
+
+int lunar_ctx_threads(const lunar_ctx *ctx) { return ctx->threads; }
+
+void lunar_ctx_set_threads(lunar_ctx *ctx, int n) {
+    if (n < 1) n = 1;
+    ctx->threads = n;
+#ifdef _OPENMP
+    omp_set_num_threads(n);
+#endif
+}
+
+const lunar_backend *lunar_ctx_backend(const lunar_ctx *ctx, int device_type) {
+    if (device_type < 0 || device_type >= LUNAR_DEVICE_TYPE_COUNT) return NULL;
+    return ctx->backends[device_type];
+}
+
+void *lunar_ctx_backend_state(lunar_ctx *ctx, int device_type) {
+    if (device_type < 0 || device_type >= LUNAR_DEVICE_TYPE_COUNT) return NULL;
+    return ctx->backend_state[device_type];
+}
+
+void lunar_ctx_set_backend_state(lunar_ctx *ctx, int device_type, void *state) {
+    if (device_type >= 0 && device_type < LUNAR_DEVICE_TYPE_COUNT) ctx->backend_state[device_type] = state;
+}
+
+lunar_status lunar_ctx_pool(lunar_ctx *ctx, lunar_device dev, lunar_pool **out) {
+    lunar_pool **slot = NULL;
+    if (dev.type == LUNAR_DEVICE_CPU) {
+        slot = &ctx->cpu_pool;
+    } else if (dev.type == LUNAR_DEVICE_CUDA) {
+        if (dev.index < 0 || dev.index >= LUNAR_MAX_CUDA_DEVICES)
+            return LUNAR_FAIL(ctx, LUNAR_ERR_DEVICE, "cuda device index %d out of range", dev.index);
+        slot = &ctx->cuda_pools[dev.index];
+    } else {
+        return LUNAR_FAIL(ctx, LUNAR_ERR_DEVICE, "unknown device type %d", dev.type);
+    }
+    if (!*slot) LUNAR_TRY(lunar_pool_new(ctx, dev, slot));
+    *out = *slot;
+    return LUNAR_OK;
+}
+
+int lunar_device_equal(lunar_device a, lunar_device b) { return a.type == b.type && a.index == b.index; }
+
+void lunar_device_format(lunar_device d, char *buf, size_t n) {
+    if (d.type == LUNAR_DEVICE_CPU) snprintf(buf, n, "cpu");
+    else if (d.type == LUNAR_DEVICE_CUDA) snprintf(buf, n, "cuda:%d", d.index);
+    else snprintf(buf, n, "device%d:%d", d.type, d.index);
+}
+
+int lunar_device_parse(const char *s, lunar_device *out) {
+    if (!s) return 0;
+    if (strcmp(s, "cpu") == 0) { out->type = LUNAR_DEVICE_CPU; out->index = 0; return 1; }
+    if (strncmp(s, "cuda", 4) == 0) {
+        if (s[4] == 0) { out->type = LUNAR_DEVICE_CUDA; out->index = 0; return 1; }
+        if (s[4] == ':' && s[5]) {
+            char *end = NULL;
+            long i = strtol(s + 5, &end, 10);
+            if (*end || i < 0 || i >= LUNAR_MAX_CUDA_DEVICES) return 0;
+            out->type = LUNAR_DEVICE_CUDA;
+            out->index = (int)i;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* ---- scopes ---------------------------------------------------------------------------- */
+
+lunar_status lunar_scope_push(lunar_ctx *ctx) {
+    if (ctx->scope_depth == ctx->scope_cap) {
+        int cap = ctx->scope_cap ? ctx->scope_cap * 2 : 8;
+        lunar_scope_frame *f = realloc(ctx->scopes, (size_t)cap * sizeof *f);
+        if (!f) return LUNAR_FAIL(ctx, LUNAR_ERR_OOM, "lunar.scope: out of host memory");
+        ctx->scopes = f;
+        ctx->scope_cap = cap;
+    }
+    memset(&ctx->scopes[ctx->scope_depth], 0, sizeof ctx->scopes[0]);
+    ctx->scope_depth++;
+    return LUNAR_OK;
+}
+
+static lunar_status frame_add(lunar_ctx *ctx, lunar_scope_frame *f, lunar_storage *s) {
+    if (f->count == f->cap) {
+        size_t cap = f->cap ? f->cap * 2 : 16;
+        lunar_storage **items = realloc(f->items, cap * sizeof *items);
+        if (!items) return LUNAR_FAIL(ctx, LUNAR_ERR_OOM, "lunar.scope: out of host memory");
+        f->items = items;
+        int *kept = realloc(f->kept, cap * sizeof *kept);
+        if (!kept) return LUNAR_FAIL(ctx, LUNAR_ERR_OOM, "lunar.scope: out of host memory");
+        f->kept = kept;
+        f->cap = cap;
+    }
+    lunar_storage_retain(s);
+    f->items[f->count] = s;
+    f->kept[f->count] = 0;
+    f->count++;
+    return LUNAR_OK;
+}
+
+lunar_status lunar_scope_track(lunar_ctx *ctx, lunar_storage *s) {
+    if (ctx->scope_depth == 0 || !s || s->kind != LUNAR_STORAGE_OWNED) return LUNAR_OK;
+    return frame_add(ctx, &ctx->scopes[ctx->scope_depth - 1], s);
+}
+
+void lunar_scope_keep(lunar_ctx *ctx, lunar_storage *s) {
+    if (ctx->scope_depth == 0) return;
+    lunar_scope_frame *f = &ctx->scopes[ctx->scope_depth - 1];
+    for (size_t i = 0; i < f->count; i++)
+        if (f->items[i] == s) f->kept[i] = 1;
+}
+
+void lunar_scope_pop(lunar_ctx *ctx) {
+    if (ctx->scope_depth == 0) return;
+    lunar_scope_frame *f = &ctx->scopes[--ctx->scope_depth];
+    lunar_scope_frame *parent = ctx->scope_depth > 0 ? &ctx->scopes[ctx->scope_depth - 1] : NULL;
+    for (size_t i = 0; i < f->count; i++) {
+        lunar_storage *s = f->items[i];
+        if (f->kept[i]) {
+            if (parent) frame_add(ctx, parent, s);   /* on OOM the storage just stops being tracked */
+        } else {
+            lunar_storage_free(ctx, s);
+        }
+        lunar_storage_release(ctx, s);
+    }
+    free(f->items);
+    free(f->kept);
+}
+
+int lunar_scope_depth(const lunar_ctx *ctx) { return ctx->scope_depth; }

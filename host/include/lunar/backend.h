@@ -1,0 +1,147 @@
+/* backend.h: the table each device type fills in (ggml's backend interface, made for lunar).
+ *
+ * host/ops/ validates every call, then calls the backend with prepared tensors:
+ *   - every tensor is contiguous and lives on the backend's device type;
+ *   - floating tensors have a dtype in the backend's `float_dtypes` mask (others were converted
+ *     to f32 by the host), and all floating inputs and outputs of one call share the dtype of
+ *     the first floating input, except the tensors the op documents as f32 (statistics such as
+ *     rstd and lse, losses, optimizer state, inv_freq);
+ *   - index tensors are i64;
+ *   - shapes were checked against each other.
+ * So a kernel only has to handle the contiguous case. The entries mirror ops.h one to one;
+ * a NULL entry means "not implemented on this backend" and the host reports it by name.
+ */
+#ifndef LUNAR_BACKEND_H
+#define LUNAR_BACKEND_H
+
+#include "lunar/ops.h"
+#include "lunar/rng.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum lunar_rng_kind { LUNAR_RNG_UNIFORM = 0, LUNAR_RNG_NORMAL, LUNAR_RNG_RANDINT } lunar_rng_kind;
+
+struct lunar_backend {
+    const char *name;
+    int         device_type;
+    unsigned    float_dtypes;     /* bit (1u << dtype) for each float dtype the kernels take */
+
+    /* devices and memory */
+    lunar_status (*device_count)(lunar_ctx *ctx, int *count);
+    lunar_status (*alloc)(lunar_ctx *ctx, int device, size_t nbytes, void **out);
+    void         (*free)(lunar_ctx *ctx, int device, void *ptr);
+    lunar_status (*copy_to_host)(lunar_ctx *ctx, int device, void *dst, const void *src, size_t n);
+    lunar_status (*copy_from_host)(lunar_ctx *ctx, int device, void *dst, const void *src, size_t n);
+    lunar_status (*synchronize)(lunar_ctx *ctx, int device);
+    /* frees backend state kept in the context (streams, handles); called by lunar_ctx_free */
+    void         (*shutdown)(lunar_ctx *ctx);
+
+    /* copy within the device: dst and src may be strided and of any dtype (the one op that takes
+     * strided tensors; src may have 0 strides for broadcasting). saturate: f8 clamps to max. */
+    lunar_status (*copy)(lunar_ctx *ctx, lunar_tensor *dst, const lunar_tensor *src, int saturate);
+    lunar_status (*fill)(lunar_ctx *ctx, lunar_tensor *t, double value);
+    lunar_status (*arange)(lunar_ctx *ctx, lunar_tensor *t, double start, double step);
+    lunar_status (*rng_fill)(lunar_ctx *ctx, lunar_tensor *out, lunar_rng_kind kind, uint64_t key,
+                             uint64_t counter, double a, double b);
+
+    lunar_status (*gemm)(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor *a, const lunar_tensor *b,
+                         int trans_a, int trans_b, float alpha, float beta);
+
+    /* binary: a and b already have out's shape (the host expanded and copied broadcasts) */
+    lunar_status (*binary)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *a, const lunar_tensor *b,
+                           lunar_binary_op op);
+    lunar_status (*binary_scalar)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *a, double s,
+                                  lunar_binary_op op);
+    lunar_status (*unary)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *x, lunar_unary_op op);
+    lunar_status (*unary_backward)(lunar_ctx *ctx, lunar_tensor *dx, const lunar_tensor *dy,
+                                   const lunar_tensor *x, lunar_unary_op op);
+    lunar_status (*swiglu_forward)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *gate,
+                                   const lunar_tensor *up);
+    lunar_status (*swiglu_backward)(lunar_ctx *ctx, lunar_tensor *dgate, lunar_tensor *dup,
+                                    const lunar_tensor *dout, const lunar_tensor *gate, const lunar_tensor *up);
+    /* mask (u8, x's shape after host expansion) */
+    lunar_status (*masked_fill)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *x,
+                                const lunar_tensor *mask, double value);
+
+    /* reductions see x as (outer, n, inner) with n the reduced extent: for ALL_DIMS outer = inner = 1 */
+    lunar_status (*reduce)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *x, int64_t outer,
+                           int64_t n, int64_t inner, lunar_reduce_op op);
+    lunar_status (*reduce_backward)(lunar_ctx *ctx, lunar_tensor *dx, const lunar_tensor *dy,
+                                    const lunar_tensor *x, const lunar_tensor *y, int64_t outer, int64_t n,
+                                    int64_t inner, lunar_reduce_op op);
+    lunar_status (*max_dim)(lunar_ctx *ctx, lunar_tensor *values, lunar_tensor *indices, const lunar_tensor *x,
+                            int64_t outer, int64_t n, int64_t inner);
+    lunar_status (*cumsum)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *x, int64_t outer,
+                           int64_t n, int64_t inner, int reverse);
+    /* out: one f32 element; ts: n contiguous tensors (any float dtype the backend takes) */
+    lunar_status (*global_norm)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *const *ts, int n);
+
+    lunar_status (*softmax_forward)(lunar_ctx *ctx, lunar_tensor *y, const lunar_tensor *x, int log);
+    lunar_status (*softmax_backward)(lunar_ctx *ctx, lunar_tensor *dx, const lunar_tensor *dy,
+                                     const lunar_tensor *y, int log);
+    lunar_status (*cross_entropy_forward)(lunar_ctx *ctx, lunar_tensor *loss, lunar_tensor *logprobs,
+                                          lunar_tensor *lse, const lunar_tensor *logits,
+                                          const lunar_tensor *targets, int64_t ignore_index);
+    lunar_status (*cross_entropy_backward)(lunar_ctx *ctx, lunar_tensor *dlogits, const lunar_tensor *dloss,
+                                           const lunar_tensor *logits, const lunar_tensor *lse,
+                                           const lunar_tensor *targets, int64_t ignore_index);
+
+    lunar_status (*rmsnorm_forward)(lunar_ctx *ctx, lunar_tensor *out, lunar_tensor *rstd,
+                                    const lunar_tensor *x, const lunar_tensor *w, float eps);
+    lunar_status (*rmsnorm_backward_input)(lunar_ctx *ctx, lunar_tensor *dx, const lunar_tensor *dout,
+                                           const lunar_tensor *x, const lunar_tensor *w, const lunar_tensor *rstd);
+    lunar_status (*rmsnorm_backward_params)(lunar_ctx *ctx, lunar_tensor *dw, const lunar_tensor *dout,
+                                            const lunar_tensor *x, const lunar_tensor *rstd);
+    lunar_status (*layernorm_forward)(lunar_ctx *ctx, lunar_tensor *out, lunar_tensor *mean, lunar_tensor *rstd,
+                                      const lunar_tensor *x, const lunar_tensor *w, const lunar_tensor *b, float eps);
+    lunar_status (*layernorm_backward_input)(lunar_ctx *ctx, lunar_tensor *dx, const lunar_tensor *dout,
+                                             const lunar_tensor *x, const lunar_tensor *w,
+                                             const lunar_tensor *mean, const lunar_tensor *rstd);
+    lunar_status (*layernorm_backward_params)(lunar_ctx *ctx, lunar_tensor *dw, lunar_tensor *db,
+                                              const lunar_tensor *dout, const lunar_tensor *x,
+                                              const lunar_tensor *mean, const lunar_tensor *rstd);
+
+    /* x, out (T, H, D); positions (T) i64; inv_freq (R/2) f32; inverse = 1 for the backward */
+    lunar_status (*rope)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *x, const lunar_tensor *positions,
+                         const lunar_tensor *inv_freq, lunar_rope_layout layout, float scale, int inverse);
+
+    /* gather/scatter family: the host reshapes to (outer, n, inner) around dim where it can */
+    lunar_status (*embedding_forward)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *ids,
+                                      const lunar_tensor *weight);
+    lunar_status (*embedding_backward)(lunar_ctx *ctx, lunar_tensor *dweight, const lunar_tensor *dout,
+                                       const lunar_tensor *ids);
+    /* src seen as (outer, n_src, inner), out/dst as (outer, n_idx, inner) */
+    lunar_status (*index_select)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *src,
+                                 const lunar_tensor *index, int64_t outer, int64_t n_src, int64_t inner);
+    lunar_status (*index_add)(lunar_ctx *ctx, lunar_tensor *dst, const lunar_tensor *index,
+                              const lunar_tensor *src, double alpha, int64_t outer, int64_t n_dst, int64_t inner);
+    /* gather/scatter with index of shape (outer, n_idx, inner) and src/dst extent n_data along dim */
+    lunar_status (*gather)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *src, const lunar_tensor *index,
+                           int64_t outer, int64_t n_data, int64_t n_idx, int64_t inner);
+    lunar_status (*scatter)(lunar_ctx *ctx, lunar_tensor *dst, const lunar_tensor *index, const lunar_tensor *src,
+                            int64_t outer, int64_t n_data, int64_t n_idx, int64_t inner, int accumulate);
+
+    /* x seen as (rows, n) */
+    lunar_status (*topk)(lunar_ctx *ctx, lunar_tensor *values, lunar_tensor *indices, const lunar_tensor *x,
+                         int64_t rows, int64_t n, int64_t k, int largest);
+    lunar_status (*argsort)(lunar_ctx *ctx, lunar_tensor *indices, const lunar_tensor *x, int64_t rows,
+                            int64_t n, int descending);
+
+    lunar_status (*causal_mask)(lunar_ctx *ctx, lunar_tensor *out, int64_t offset);
+    lunar_status (*block_mask)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *cu_seqlens, int causal);
+
+    lunar_status (*adamw_step)(lunar_ctx *ctx, lunar_tensor *param, lunar_tensor *master, lunar_tensor *m,
+                               lunar_tensor *v, const lunar_tensor *grad, const lunar_adamw_hparams *hp);
+};
+
+/* Backends that were built (the CUDA one only with LUNAR_WITH_CUDA). */
+const lunar_backend *lunar_backend_cpu(void);
+const lunar_backend *lunar_backend_cuda(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

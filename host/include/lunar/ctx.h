@@ -1,0 +1,81 @@
+/* ctx.h: the lunar context, which every library call takes first.
+ *
+ * A context owns what would otherwise be global: the last error message, the owned-buffer pools
+ * of each device, the stack of lunar.scope() frames, the CPU thread count and the backend table
+ * of each device type. One context per process is the normal case (main.c makes it before the
+ * Lua VM and frees it after the VM is closed, so no tensor can outlive it).
+ */
+#ifndef LUNAR_CTX_H
+#define LUNAR_CTX_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "lunar/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct lunar_ctx lunar_ctx;
+typedef struct lunar_backend lunar_backend;
+typedef struct lunar_pool lunar_pool;
+
+typedef enum lunar_device_type {
+    LUNAR_DEVICE_CPU = 0,
+    LUNAR_DEVICE_CUDA = 1,
+    LUNAR_DEVICE_TYPE_COUNT
+} lunar_device_type;
+
+/* A device is a type and an index: cpu is {CPU, 0}, cuda:3 is {CUDA, 3}. */
+typedef struct lunar_device {
+    int type;
+    int index;
+} lunar_device;
+
+#define LUNAR_MAX_CUDA_DEVICES 16
+
+lunar_status lunar_ctx_init(lunar_ctx **out);
+void         lunar_ctx_free(lunar_ctx *ctx);
+
+/* Error reporting. lunar_fail stores the message (printf-style) and returns st, so that a
+ * function can `return LUNAR_FAIL(ctx, LUNAR_ERR_SHAPE, "...", ...)`. */
+lunar_status lunar_fail(lunar_ctx *ctx, lunar_status st, const char *file, int line,
+                        const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+lunar_status lunar_failv(lunar_ctx *ctx, lunar_status st, const char *file, int line,
+                         const char *fmt, va_list ap);
+#define LUNAR_FAIL(ctx, st, ...) lunar_fail((ctx), (st), __FILE__, __LINE__, __VA_ARGS__)
+#define LUNAR_TRY(expr) do { lunar_status st_ = (expr); if (st_ != LUNAR_OK) return st_; } while (0)
+
+const char  *lunar_ctx_error(const lunar_ctx *ctx);        /* message of the last failure */
+const char  *lunar_ctx_error_where(const lunar_ctx *ctx);  /* "file:line" of the last failure */
+lunar_status lunar_ctx_status(const lunar_ctx *ctx);
+void         lunar_ctx_clear_error(lunar_ctx *ctx);
+/* Prefix the stored message with "what: " (used by callers that know a tensor's name). */
+void         lunar_ctx_prefix_error(lunar_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* CPU threads used by the OpenMP kernels and OpenBLAS (default: LUNAR_THREADS, else all cores). */
+int  lunar_ctx_threads(const lunar_ctx *ctx);
+void lunar_ctx_set_threads(lunar_ctx *ctx, int n);
+
+/* The backend that runs ops on a device type; NULL when that backend was not built. */
+const lunar_backend *lunar_ctx_backend(const lunar_ctx *ctx, int device_type);
+/* Backend-private state (the CUDA backend keeps streams and cuBLAS handles here). */
+void  *lunar_ctx_backend_state(lunar_ctx *ctx, int device_type);
+void   lunar_ctx_set_backend_state(lunar_ctx *ctx, int device_type, void *state);
+
+/* The owned-buffer pool of a device (created on first use). */
+lunar_status lunar_ctx_pool(lunar_ctx *ctx, lunar_device dev, lunar_pool **out);
+
+int  lunar_device_equal(lunar_device a, lunar_device b);
+/* "cpu", "cuda:0" */
+void lunar_device_format(lunar_device d, char *buf, size_t n);
+/* Parses "cpu", "cuda", "cuda:N". Returns 1 on success. */
+int  lunar_device_parse(const char *s, lunar_device *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,238 @@
+/* ops.h: every op, for every device.
+ *
+ * Conventions (llm.c argument order, torch/nn forward/backward split):
+ *   lunar_<op>(ctx, outputs..., saved statistics..., inputs..., weights..., scalars...)
+ *   lunar_<op>_forward / _backward_input (dgrad, "=") / _backward_params (wgrad, "+=")
+ * Outputs are allocated by the caller with the right shape. All tensors of one call must be on
+ * the same device. Inputs may be any strided view (transposed, narrowed, expanded); outputs
+ * may be views too. Floating tensors may be f32, bf16 or f16 (math is f32); index tensors are
+ * i32 or i64. Shapes use the glossary N rows/tokens, C channels, V vocab, T time, H heads,
+ * D head dim, K top-k. Dims are 0-based; a negative dim counts from the end.
+ *
+ * Each function validates devices, dtypes and shapes and names the tensors in its error, then
+ * hands contiguous tensors of a dtype the backend supports to the backend (host/ops/prep.c),
+ * and copies results back into non-contiguous or other-dtype outputs.
+ */
+#ifndef LUNAR_OPS_H
+#define LUNAR_OPS_H
+
+#include "lunar/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LUNAR_ALL_DIMS (-1000)   /* reduce over every element */
+
+/* ---- copy, cast, fill -------------------------------------------------------------------- */
+
+/* dst = src, with broadcasting of src to dst's shape, dtype conversion and device transfer. */
+lunar_status lunar_copy(lunar_ctx *ctx, lunar_tensor *dst, const lunar_tensor *src);
+/* Like lunar_copy, but float8 destinations saturate to +-max instead of becoming NaN/inf. */
+lunar_status lunar_copy_saturate(lunar_ctx *ctx, lunar_tensor *dst, const lunar_tensor *src);
+lunar_status lunar_fill(lunar_ctx *ctx, lunar_tensor *t, double value);
+/* t[i] = start + i * step over the flattened tensor. */
+lunar_status lunar_arange(lunar_ctx *ctx, lunar_tensor *t, double start, double step);
+/* Waits for queued device work (no-op on CPU). */
+lunar_status lunar_synchronize(lunar_ctx *ctx, lunar_device dev);
+
+/* ---- GEMM -------------------------------------------------------------------------------- */
+
+/* c = alpha * op(a) @ op(b) + beta * c, op(x) = x or x^T (last two dims), f32 accumulation.
+ *   2-D:   a (M, K) [or (K, M) if trans_a], b (K, N) [or (N, K)], c (M, N)
+ *   3-D:   batched over dim 0; a or b may also be 2-D (shared across the batch).
+ * bf16/f16 inputs are multiplied with f32 accumulation; c may be f32, bf16 or f16. */
+lunar_status lunar_gemm(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor *a, const lunar_tensor *b,
+                        int trans_a, int trans_b, float alpha, float beta);
+
+/* ---- elementwise ------------------------------------------------------------------------- */
+
+typedef enum lunar_binary_op {
+    LUNAR_BINARY_ADD = 0, LUNAR_BINARY_SUB, LUNAR_BINARY_MUL, LUNAR_BINARY_DIV,
+    LUNAR_BINARY_MAX, LUNAR_BINARY_MIN, LUNAR_BINARY_POW,
+    LUNAR_BINARY_RSUB, LUNAR_BINARY_RDIV,       /* b - a, b / a (for scalar forms) */
+    LUNAR_BINARY_EQ, LUNAR_BINARY_NE, LUNAR_BINARY_LT, LUNAR_BINARY_LE, LUNAR_BINARY_GT, LUNAR_BINARY_GE,
+    LUNAR_BINARY_COUNT
+} lunar_binary_op;
+
+typedef enum lunar_unary_op {
+    LUNAR_UNARY_NEG = 0, LUNAR_UNARY_ABS, LUNAR_UNARY_EXP, LUNAR_UNARY_LOG, LUNAR_UNARY_SQRT,
+    LUNAR_UNARY_RSQRT, LUNAR_UNARY_RECIP, LUNAR_UNARY_SQUARE, LUNAR_UNARY_TANH, LUNAR_UNARY_SIGMOID,
+    LUNAR_UNARY_SILU, LUNAR_UNARY_GELU /* erf */, LUNAR_UNARY_GELU_TANH, LUNAR_UNARY_RELU,
+    LUNAR_UNARY_SIN, LUNAR_UNARY_COS,
+    LUNAR_UNARY_COUNT
+} lunar_unary_op;
+
+const char *lunar_binary_op_name(lunar_binary_op op);
+const char *lunar_unary_op_name(lunar_unary_op op);
+int lunar_binary_op_from_name(const char *name, lunar_binary_op *out);
+int lunar_unary_op_from_name(const char *name, lunar_unary_op *out);
+
+/* out = a <op> b, a and b broadcast to out's shape. Comparisons give 1/0 (out may be bool). */
+lunar_status lunar_binary(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *a, const lunar_tensor *b,
+                          lunar_binary_op op);
+/* out = a <op> s */
+lunar_status lunar_binary_scalar(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *a, double s,
+                                 lunar_binary_op op);
+/* out = f(x) */
+lunar_status lunar_unary(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *x, lunar_unary_op op);
+/* dx = dy * f'(x) */
+lunar_status lunar_unary_backward(lunar_ctx *ctx, lunar_tensor *dx, const lunar_tensor *dy,
+                                  const lunar_tensor *x, lunar_unary_op op);
+/* out = silu(gate) * up; all (N, F) */
+lunar_status lunar_swiglu_forward(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *gate,
+                                  const lunar_tensor *up);
+lunar_status lunar_swiglu_backward(lunar_ctx *ctx, lunar_tensor *dgate, lunar_tensor *dup,
+                                   const lunar_tensor *dout, const lunar_tensor *gate, const lunar_tensor *up);
+/* out = mask ? value : x; mask (bool/u8) broadcasts to x. Its backward is itself with value 0. */
+lunar_status lunar_masked_fill(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *x,
+                               const lunar_tensor *mask, double value);
+
+/* ---- reductions -------------------------------------------------------------------------- */
+
+typedef enum lunar_reduce_op {
+    LUNAR_REDUCE_SUM = 0, LUNAR_REDUCE_MEAN, LUNAR_REDUCE_MAX, LUNAR_REDUCE_MIN,
+    LUNAR_REDUCE_NORM,    /* L2 norm */
+    LUNAR_REDUCE_COUNT
+} lunar_reduce_op;
+const char *lunar_reduce_op_name(lunar_reduce_op op);
+int lunar_reduce_op_from_name(const char *name, lunar_reduce_op *out);
+
+/* out = reduce(x) over dim (or LUNAR_ALL_DIMS). out has x's shape with dim removed or kept as 1
+ * (keepdim); for ALL_DIMS out has one element. Sums accumulate in f64 on CPU, in a fixed order. */
+lunar_status lunar_reduce(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *x, int dim,
+                          lunar_reduce_op op);
+/* dx = d reduce / dx * dy; y is the forward output (needed for MAX/MIN/NORM). The gradient of
+ * MAX/MIN goes to the first position that attains the extreme. */
+lunar_status lunar_reduce_backward(lunar_ctx *ctx, lunar_tensor *dx, const lunar_tensor *dy,
+                                   const lunar_tensor *x, const lunar_tensor *y, int dim, lunar_reduce_op op);
+/* values, indices (i64 or i32) = max / argmax over dim (first occurrence). */
+lunar_status lunar_max_dim(lunar_ctx *ctx, lunar_tensor *values, lunar_tensor *indices,
+                           const lunar_tensor *x, int dim);
+/* out = cumulative sum over dim; backward: dx = reverse cumulative sum of dy. */
+lunar_status lunar_cumsum_forward(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *x, int dim);
+lunar_status lunar_cumsum_backward(lunar_ctx *ctx, lunar_tensor *dx, const lunar_tensor *dy, int dim);
+/* out (one element, f32) = sqrt(sum over tensors of sum(t^2)), in a fixed order. */
+lunar_status lunar_global_norm(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *const *ts, int n);
+
+/* ---- softmax and losses (over the last dim) --------------------------------------------- */
+
+lunar_status lunar_softmax_forward(lunar_ctx *ctx, lunar_tensor *y, const lunar_tensor *x);
+lunar_status lunar_softmax_backward(lunar_ctx *ctx, lunar_tensor *dx, const lunar_tensor *dy,
+                                    const lunar_tensor *y);
+lunar_status lunar_log_softmax_forward(lunar_ctx *ctx, lunar_tensor *y, const lunar_tensor *x);
+lunar_status lunar_log_softmax_backward(lunar_ctx *ctx, lunar_tensor *dx, const lunar_tensor *dy,
+                                        const lunar_tensor *y);
+/* Fused cross-entropy over logits (N, V) and targets (N):
+ *   lse (N)      = logsumexp(logits[i])                       (f32, saved for backward)
+ *   logprobs (N) = logits[i, t_i] - lse[i]                     (f32; 0 where t_i == ignore_index)
+ *   loss (N)     = -logprobs[i]                                (f32; 0 where ignored)
+ * backward: dlogits[i] = dloss[i] * (softmax(logits[i]) - onehot(t_i)), 0 for ignored rows. */
+lunar_status lunar_cross_entropy_forward(lunar_ctx *ctx, lunar_tensor *loss, lunar_tensor *logprobs,
+                                         lunar_tensor *lse, const lunar_tensor *logits,
+                                         const lunar_tensor *targets, int64_t ignore_index);
+lunar_status lunar_cross_entropy_backward(lunar_ctx *ctx, lunar_tensor *dlogits, const lunar_tensor *dloss,
+                                          const lunar_tensor *logits, const lunar_tensor *lse,
+                                          const lunar_tensor *targets, int64_t ignore_index);
+
+/* ---- normalisation (over the last dim) ---------------------------------------------------- */
+
+/* out (N, C) = x / sqrt(mean(x^2) + eps) * w; rstd (N) f32 saved. w may be NULL (no weight). */
+lunar_status lunar_rmsnorm_forward(lunar_ctx *ctx, lunar_tensor *out, lunar_tensor *rstd,
+                                   const lunar_tensor *x, const lunar_tensor *w, float eps);
+lunar_status lunar_rmsnorm_backward_input(lunar_ctx *ctx, lunar_tensor *dx, const lunar_tensor *dout,
+                                          const lunar_tensor *x, const lunar_tensor *w, const lunar_tensor *rstd);
+lunar_status lunar_rmsnorm_backward_params(lunar_ctx *ctx, lunar_tensor *dw, const lunar_tensor *dout,
+                                           const lunar_tensor *x, const lunar_tensor *rstd);
+/* out (N, C) = (x - mean) * rstd * w + b, biased variance; mean, rstd (N) f32 saved; w, b may be NULL. */
+lunar_status lunar_layernorm_forward(lunar_ctx *ctx, lunar_tensor *out, lunar_tensor *mean, lunar_tensor *rstd,
+                                     const lunar_tensor *x, const lunar_tensor *w, const lunar_tensor *b, float eps);
+lunar_status lunar_layernorm_backward_input(lunar_ctx *ctx, lunar_tensor *dx, const lunar_tensor *dout,
+                                            const lunar_tensor *x, const lunar_tensor *w,
+                                            const lunar_tensor *mean, const lunar_tensor *rstd);
+/* dw += sum(dout * xhat), db += sum(dout); either may be NULL. */
+lunar_status lunar_layernorm_backward_params(lunar_ctx *ctx, lunar_tensor *dw, lunar_tensor *db,
+                                             const lunar_tensor *dout, const lunar_tensor *x,
+                                             const lunar_tensor *mean, const lunar_tensor *rstd);
+
+/* ---- rotary position embedding ------------------------------------------------------------ */
+
+typedef enum lunar_rope_layout {
+    LUNAR_ROPE_HALF = 0,            /* NeoX rotate_half: pairs (i, i + R/2) */
+    LUNAR_ROPE_INTERLEAVED,         /* GPT-J / DeepSeek complex pairs (2i, 2i+1), output in place */
+    LUNAR_ROPE_INTERLEAVED_TO_HALF, /* HF apply_rotary_pos_emb_interleave: pairs (2i, 2i+1), output
+                                       written in half-split order (see glm5-architecture.md 4.4) */
+    LUNAR_ROPE_LAYOUT_COUNT
+} lunar_rope_layout;
+
+/* x, out (T, H, D): token t rotated by angle_i = f32(positions[t]) * inv_freq[i] on its first
+ * R = 2 * numel(inv_freq) channels (partial rotary: the rest is copied); cos/sin are multiplied
+ * by scale (HF attention_scaling, 1 for default rope). positions (T) i32/i64, inv_freq (R/2) f32.
+ * backward: dx = rotation of dout by -angle (the inverse permutation for INTERLEAVED_TO_HALF). */
+lunar_status lunar_rope_forward(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *x,
+                                const lunar_tensor *positions, const lunar_tensor *inv_freq,
+                                lunar_rope_layout layout, float scale);
+lunar_status lunar_rope_backward(lunar_ctx *ctx, lunar_tensor *dx, const lunar_tensor *dout,
+                                 const lunar_tensor *positions, const lunar_tensor *inv_freq,
+                                 lunar_rope_layout layout, float scale);
+
+/* ---- embedding, gather, scatter ----------------------------------------------------------- */
+
+/* out (N, C) = weight[ids[n]]; ids (N) i32/i64, weight (V, C). Out-of-range ids are an error. */
+lunar_status lunar_embedding_forward(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *ids,
+                                     const lunar_tensor *weight);
+/* dweight (V, C) += scatter-add of dout (N, C) by ids; deterministic order. */
+lunar_status lunar_embedding_backward(lunar_ctx *ctx, lunar_tensor *dweight, const lunar_tensor *dout,
+                                      const lunar_tensor *ids);
+/* out = src.index_select(dim, index); index (K) */
+lunar_status lunar_index_select(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *src, int dim,
+                                const lunar_tensor *index);
+/* dst.index_add_(dim, index, alpha * src) */
+lunar_status lunar_index_add(lunar_ctx *ctx, lunar_tensor *dst, int dim, const lunar_tensor *index,
+                             const lunar_tensor *src, double alpha);
+/* torch.gather: out[..i..] = src[..index[..i..]..] along dim; out has index's shape. */
+lunar_status lunar_gather(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *src, int dim,
+                          const lunar_tensor *index);
+/* torch.scatter_ / scatter_add_: dst[..index[..i..]..] (=|+=) src[..i..] along dim. */
+lunar_status lunar_scatter(lunar_ctx *ctx, lunar_tensor *dst, int dim, const lunar_tensor *index,
+                           const lunar_tensor *src);
+lunar_status lunar_scatter_add(lunar_ctx *ctx, lunar_tensor *dst, int dim, const lunar_tensor *index,
+                               const lunar_tensor *src);
+
+/* ---- sorting ------------------------------------------------------------------------------ */
+
+/* values, indices (..., K) = the k largest (or smallest) along the last dim, sorted; ties go to
+ * the lower index first. indices i64 or i32; values may be NULL. */
+lunar_status lunar_topk(lunar_ctx *ctx, lunar_tensor *values, lunar_tensor *indices, const lunar_tensor *x,
+                        int64_t k, int largest);
+/* indices (same shape as x) that sort x along the last dim; stable. */
+lunar_status lunar_argsort(lunar_ctx *ctx, lunar_tensor *indices, const lunar_tensor *x, int descending);
+
+/* ---- attention masks ---------------------------------------------------------------------- */
+
+/* out (Tq, Tk): key k visible to query q iff k <= q + offset. Float out: 0 / -inf; bool out: 1 / 0. */
+lunar_status lunar_causal_mask(lunar_ctx *ctx, lunar_tensor *out, int64_t offset);
+/* out (T, T) for packed sequences: cu_seqlens (S+1) i32/i64 with cu_seqlens[0] = 0 and
+ * cu_seqlens[S] = T; k visible to q iff same document and (not causal or k <= q). */
+lunar_status lunar_block_mask(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *cu_seqlens, int causal);
+
+/* ---- optimizer ---------------------------------------------------------------------------- */
+
+typedef struct lunar_adamw_hparams {
+    double  lr, beta1, beta2, eps, weight_decay;
+    int64_t step;        /* 1-based step number, for bias correction */
+    double  grad_scale;  /* grad is multiplied by this first (1 = none; e.g. 1/clip factor) */
+} lunar_adamw_hparams;
+
+/* One AdamW step (torch.optim.AdamW semantics, decoupled weight decay). m, v, master are f32.
+ * If master is non-NULL it is the f32 copy that is updated and param receives its rounding
+ * (bf16 params with f32 master weights); otherwise param itself must be f32. */
+lunar_status lunar_adamw_step(lunar_ctx *ctx, lunar_tensor *param, lunar_tensor *master,
+                              lunar_tensor *m, lunar_tensor *v, const lunar_tensor *grad,
+                              const lunar_adamw_hparams *hp);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

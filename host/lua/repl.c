@@ -1,0 +1,137 @@
+/* repl.c: the interactive loop of `lunar -i`: readline editing and history, multi-line input,
+ * `=expr` and bare expressions printed (tensors pretty-printed by lunar.repl.show), errors
+ * printed with a traceback without leaving the loop. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <readline/history.h>
+#include <readline/readline.h>
+
+#include <lauxlib.h>
+
+#include "lua_lunar.h"
+#include "vm.h"
+
+static void history_path(char *buf, size_t n) {
+    const char *p = getenv("LUNAR_HISTORY");
+    if (p && *p) { snprintf(buf, n, "%s", p); return; }
+    const char *home = getenv("HOME");
+    snprintf(buf, n, "%s/.lunar_history", home && *home ? home : ".");
+}
+
+/* 1 if the chunk failed only because the input ended early (more lines are needed) */
+static int incomplete(lua_State *L, int rc) {
+    if (rc != LUA_ERRSYNTAX) return 0;
+    size_t len;
+    const char *msg = lua_tolstring(L, -1, &len);
+    const char *tail = "'<eof>'";
+    size_t tl = strlen(tail);
+    return msg && len >= tl && strcmp(msg + len - tl, tail) == 0;
+}
+
+static char *read_line(const char *prompt, int tty) {
+    if (tty) return readline(prompt);
+    char buf[8192];
+    if (!fgets(buf, sizeof buf, stdin)) return NULL;
+    size_t n = strlen(buf);
+    if (n && buf[n - 1] == '\n') buf[n - 1] = 0;
+    return strdup(buf);
+}
+
+/* print the values on the stack from index `first` to the top */
+static void show_results(lua_State *L, int first) {
+    int n = lua_gettop(L) - first + 1;
+    if (n <= 0) return;
+    lua_getglobal(L, "require");
+    lua_pushstring(L, "lunar.repl");
+    if (lua_pcall(L, 1, 1, 0) == 0 && lua_istable(L, -1)) {
+        lua_getfield(L, -1, "show");
+        lua_remove(L, -2);
+    } else {
+        lua_pop(L, 1);
+        lua_getglobal(L, "print");
+    }
+    lua_insert(L, first);
+    if (lunar_vm_pcall(L, n, 0) != 0) {
+        fprintf(stderr, "%s\n", lua_tostring(L, -1));
+        lua_pop(L, 1);
+    }
+}
+
+void lunar_repl_run(lua_State *L, int env) {
+    int tty = isatty(STDIN_FILENO);
+    char hist[1024];
+    history_path(hist, sizeof hist);
+    if (tty) {
+        using_history();
+        if (read_history(hist) != 0) write_history(hist);   /* create it so append_history works */
+    }
+    if (env < 0) env = lua_gettop(L) + env + 1;
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    if (!buf) return;
+    buf[0] = 0;
+    for (;;) {
+        char *line = read_line(len == 0 ? "lunar> " : "   >> ", tty);
+        if (!line) {
+            if (tty) fputc('\n', stdout);
+            break;
+        }
+        if (len == 0 && line[0] == 0) { free(line); continue; }
+        size_t ln = strlen(line);
+        if (len + ln + 2 > cap) {
+            while (len + ln + 2 > cap) cap *= 2;
+            char *nb = realloc(buf, cap);
+            if (!nb) { free(line); break; }
+            buf = nb;
+        }
+        memcpy(buf + len, line, ln);
+        len += ln;
+        buf[len++] = '\n';
+        buf[len] = 0;
+        free(line);
+
+        int top = lua_gettop(L);
+        const char *code = buf[0] == '=' ? buf + 1 : buf;
+        /* an expression first ("return <code>"), then a statement */
+        lua_pushfstring(L, "return %s", code);
+        int rc = luaL_loadbuffer(L, lua_tostring(L, -1), strlen(lua_tostring(L, -1)), "=stdin");
+        lua_remove(L, -2);
+        if (rc != 0) {
+            lua_pop(L, 1);
+            rc = luaL_loadbuffer(L, code, strlen(code), "=stdin");
+        }
+        if (incomplete(L, rc)) {
+            lua_pop(L, 1);
+            continue;
+        }
+        if (tty) {
+            buf[len - 1] = 0;
+            add_history(buf);
+            append_history(1, hist);
+        }
+        len = 0;
+        buf[0] = 0;
+        if (rc != 0) {
+            fprintf(stderr, "%s\n", lua_tostring(L, -1));
+            lua_settop(L, top);
+            continue;
+        }
+        if (env) {
+            lua_pushvalue(L, env);
+            lua_setfenv(L, -2);
+        }
+        if (lunar_vm_pcall(L, 0, LUA_MULTRET) != 0) {
+            fprintf(stderr, "%s\n", lua_tostring(L, -1));
+            lua_settop(L, top);
+            continue;
+        }
+        show_results(L, top + 1);
+        lua_settop(L, top);
+        fflush(stdout);
+    }
+    free(buf);
+    if (tty) history_truncate_file(hist, 2000);
+}

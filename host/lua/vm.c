@@ -1,0 +1,214 @@
+/* vm.c: VM setup (OpenResty's single setup function), module loading and protected calls. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <lauxlib.h>
+#include <lualib.h>
+
+#include "lua_lunar.h"
+#include "vm.h"
+
+typedef struct { const char *module, *path, *source; size_t size; } lunar_embedded_lua;
+extern const lunar_embedded_lua lunar_embedded_lua_files[];
+
+static int file_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* package.loaders entry: lunar's own modules, from $LUNAR_LUA_PATH or the embedded copy. The
+ * chunk name "@lunar:<path>" marks them as library code (see lunar_lua_user_where). */
+static int searcher(lua_State *L) {
+    const char *name = luaL_checkstring(L, 1);
+    const char *dir = getenv("LUNAR_LUA_PATH");
+    char rel[512], path[1024], chunk[600];
+    snprintf(rel, sizeof rel, "%s", name);
+    for (char *c = rel; *c; c++)
+        if (*c == '.') *c = '/';
+    if (dir && *dir) {
+        const char *forms[2] = {"%s/%s.lua", "%s/%s/init.lua"};
+        for (int i = 0; i < 2; i++) {
+            snprintf(path, sizeof path, forms[i], dir, rel);
+            if (file_exists(path)) {
+                snprintf(chunk, sizeof chunk, "%s%s", LUNAR_LIB_CHUNK_PREFIX, path + strlen(dir) + 1);
+                FILE *f = fopen(path, "rb");
+                if (!f) break;
+                fseek(f, 0, SEEK_END);
+                long n = ftell(f);
+                fseek(f, 0, SEEK_SET);
+                char *buf = malloc((size_t)n + 1);
+                size_t got = buf ? fread(buf, 1, (size_t)n, f) : 0;
+                fclose(f);
+                if (!buf || got != (size_t)n) {
+                    free(buf);
+                    lua_pushfstring(L, "\n\tcannot read '%s'", path);
+                    return 1;
+                }
+                int rc = luaL_loadbuffer(L, buf, (size_t)n, chunk);
+                free(buf);
+                if (rc != 0) return lua_error(L);
+                return 1;
+            }
+        }
+    }
+    for (const lunar_embedded_lua *e = lunar_embedded_lua_files; e->module; e++) {
+        if (strcmp(e->module, name) == 0) {
+            snprintf(chunk, sizeof chunk, "%s%s", LUNAR_LIB_CHUNK_PREFIX, e->path + 4);   /* strip "lua/" */
+            if (luaL_loadbuffer(L, e->source, e->size, chunk) != 0) return lua_error(L);
+            return 1;
+        }
+    }
+    lua_pushfstring(L, "\n\tno embedded lunar module '%s'", name);
+    return 1;
+}
+
+/* core.overrides() -> {"a.b=1", ...}: the key=value arguments given after the script */
+static int l_overrides(lua_State *L) {
+    lua_getfield(L, LUA_REGISTRYINDEX, "lunar.overrides");
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+    }
+    return 1;
+}
+
+static int l_repl(lua_State *L) {
+    int env = lua_istable(L, 1) ? 1 : 0;
+    lunar_repl_run(L, env);
+    return 0;
+}
+
+static int open_core(lua_State *L) {
+    lua_newtable(L);
+    lunar_lua_open_tensor(L);
+    lunar_lua_open_arena(L);
+    lunar_lua_open_rng(L);
+    lunar_lua_open_ops(L);
+    lunar_lua_open_dist(L);
+    lua_pushstring(L, LUNAR_VERSION);
+    lua_setfield(L, -2, "version");
+    lua_pushcfunction(L, l_overrides);
+    lua_setfield(L, -2, "overrides");
+    lua_pushcfunction(L, l_repl);
+    lua_setfield(L, -2, "repl");
+    return 1;
+}
+
+lua_State *lunar_vm_new(lunar_ctx *ctx) {
+    lua_State *L = luaL_newstate();
+    if (!L) return NULL;
+    luaL_openlibs(L);
+    lunar_lua_set_ctx(L, ctx);
+    /* package.preload["lunar.core"] = open_core */
+    lua_getglobal(L, "package");
+    lua_getfield(L, -1, "preload");
+    lua_pushcfunction(L, open_core);
+    lua_setfield(L, -2, "lunar.core");
+    lua_pop(L, 1);
+    /* insert our searcher right after the preload searcher */
+    lua_getfield(L, -1, "loaders");
+    int n = (int)lua_objlen(L, -1);
+    for (int i = n; i >= 2; i--) {
+        lua_rawgeti(L, -1, i);
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_pushcfunction(L, searcher);
+    lua_rawseti(L, -2, 2);
+    lua_pop(L, 2);
+    return L;
+}
+
+void lunar_vm_free(lua_State *L) {
+    if (L) lua_close(L);
+}
+
+/* ---- --repl-on-error: a REPL inside the message handler, where the failing frame still exists */
+
+static void open_repl_at_failure(lua_State *L) {
+    lua_Debug ar;
+    int level;
+    /* find the innermost user Lua frame (skipping this handler, C functions and lunar's library) */
+    for (level = 1; lua_getstack(L, level, &ar); level++) {
+        lua_getinfo(L, "Sl", &ar);
+        if (ar.currentline > 0 && strncmp(ar.source, LUNAR_LIB_CHUNK_PREFIX, strlen(LUNAR_LIB_CHUNK_PREFIX)) != 0) break;
+    }
+    lua_newtable(L);                                  /* env with the frame's locals */
+    int env = lua_gettop(L);
+    if (lua_getstack(L, level, &ar)) {
+        const char *name;
+        for (int i = 1; (name = lua_getlocal(L, &ar, i)) != NULL; i++) {
+            if (name[0] == '(') { lua_pop(L, 1); continue; }   /* temporaries */
+            lua_setfield(L, env, name);
+        }
+        lua_getinfo(L, "f", &ar);                     /* upvalues of the failing function too */
+        for (int i = 1;; i++) {
+            const char *up = lua_getupvalue(L, -1, i);
+            if (!up) break;
+            lua_getfield(L, env, up);
+            int have = !lua_isnil(L, -1);
+            lua_pop(L, 1);
+            if (have || !*up) lua_pop(L, 1);
+            else lua_setfield(L, env, up);
+        }
+        lua_pop(L, 1);
+    }
+    lua_newtable(L);                                  /* setmetatable(env, {__index = _G}) */
+    lua_pushvalue(L, LUA_GLOBALSINDEX);
+    lua_setfield(L, -2, "__index");
+    lua_setmetatable(L, env);
+    fprintf(stderr, "lunar: entering the REPL at the failure (locals of the failing function are visible; "
+                    "Ctrl-D to exit)\n");
+    lunar_repl_run(L, env);
+    lua_settop(L, env - 1);
+}
+
+int lunar_vm_traceback(lua_State *L) {
+    if (!lua_isstring(L, 1)) {
+        /* non-string error object: use __tostring if it has one */
+        if (luaL_callmeta(L, 1, "__tostring") && lua_isstring(L, -1)) lua_replace(L, 1);
+        else lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1)), lua_replace(L, 1);
+    }
+    lua_getglobal(L, "debug");
+    lua_getfield(L, -1, "traceback");
+    lua_pushvalue(L, 1);
+    lua_pushinteger(L, 2);
+    lua_call(L, 2, 1);
+    lua_getfield(L, LUA_REGISTRYINDEX, "lunar.repl_on_error");
+    int repl = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    if (repl) {
+        lua_pushnil(L);
+        lua_setfield(L, LUA_REGISTRYINDEX, "lunar.repl_on_error");   /* once */
+        fprintf(stderr, "%s\n", lua_tostring(L, -1));
+        open_repl_at_failure(L);
+    }
+    return 1;
+}
+
+int lunar_vm_pcall(lua_State *L, int nargs, int nresults) {
+    int base = lua_gettop(L) - nargs;
+    lua_pushcfunction(L, lunar_vm_traceback);
+    lua_insert(L, base);
+    int rc = lua_pcall(L, nargs, nresults, base);
+    lua_remove(L, base);
+    return rc;
+}
+
+int lunar_vm_dofile(lua_State *L, const char *path, int nargs) {
+    int rc = luaL_loadfile(L, path);
+    if (rc != 0) {
+        lua_insert(L, -(nargs + 1));
+        lua_pop(L, nargs);
+        return rc;
+    }
+    lua_insert(L, -(nargs + 1));
+    return lunar_vm_pcall(L, nargs, 0);
+}
+
+int lunar_vm_dostring(lua_State *L, const char *code, const char *chunkname) {
+    int rc = luaL_loadbuffer(L, code, strlen(code), chunkname);
+    if (rc != 0) return rc;
+    return lunar_vm_pcall(L, 0, 0);
+}

@@ -1,0 +1,29 @@
+/* vm.h: creating the Lua VM and running code in it under a protected call with a traceback. */
+#ifndef LUNAR_LUA_VM_H
+#define LUNAR_LUA_VM_H
+
+#include <lua.h>
+
+#include "lunar/ctx.h"
+
+/* A new VM with the standard libraries, lunar's module searcher (embedded lua/ sources, or the
+ * files under $LUNAR_LUA_PATH when set) and the C core in package.preload["lunar.core"]. */
+lua_State *lunar_vm_new(lunar_ctx *ctx);
+void       lunar_vm_free(lua_State *L);
+
+/* The message handler used for every protected call: appends a traceback to the error.
+ * When the registry flag "lunar.repl_on_error" is set, it opens the REPL at the failure, with
+ * the failing frame's locals visible. */
+int lunar_vm_traceback(lua_State *L);
+
+/* Load (file, string) and call with nargs arguments already pushed; on error the message with
+ * traceback is left on the stack and the status returned. */
+int lunar_vm_pcall(lua_State *L, int nargs, int nresults);
+int lunar_vm_dofile(lua_State *L, const char *path, int nargs);
+int lunar_vm_dostring(lua_State *L, const char *code, const char *chunkname);
+
+/* The REPL (repl.c): reads lines with readline and history until EOF or os.exit. env: stack
+ * index of a table used as the chunks' environment, or 0 for the globals. */
+void lunar_repl_run(lua_State *L, int env);
+
+#endif

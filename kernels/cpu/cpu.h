@@ -1,0 +1,108 @@
+/* cpu.h: the CPU kernels behind lunar_backend_cpu() (see lunar/backend.h for the contract:
+ * contiguous tensors, f32 floats, i64 indices, shapes already checked). One family per file. */
+#ifndef LUNAR_KERNELS_CPU_H
+#define LUNAR_KERNELS_CPU_H
+
+#include "lunar/backend.h"
+
+/* rows of at least this many elements (or this many rows) are worth an OpenMP region */
+#define LUNAR_CPU_PAR_MIN 16384
+
+/* copy.c */
+lunar_status lunar_cpu_copy(lunar_ctx *ctx, lunar_tensor *dst, const lunar_tensor *src, int saturate);
+lunar_status lunar_cpu_fill(lunar_ctx *ctx, lunar_tensor *t, double value);
+lunar_status lunar_cpu_arange(lunar_ctx *ctx, lunar_tensor *t, double start, double step);
+lunar_status lunar_cpu_rng_fill(lunar_ctx *ctx, lunar_tensor *out, lunar_rng_kind kind, uint64_t key,
+                                uint64_t counter, double a, double b);
+
+/* gemm.c */
+lunar_status lunar_cpu_gemm(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor *a, const lunar_tensor *b,
+                            int trans_a, int trans_b, float alpha, float beta);
+
+/* elementwise.c */
+lunar_status lunar_cpu_binary(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *a, const lunar_tensor *b,
+                              lunar_binary_op op);
+lunar_status lunar_cpu_binary_scalar(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *a, double s,
+                                     lunar_binary_op op);
+lunar_status lunar_cpu_unary(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *x, lunar_unary_op op);
+lunar_status lunar_cpu_unary_backward(lunar_ctx *ctx, lunar_tensor *dx, const lunar_tensor *dy, const lunar_tensor *x,
+                                      lunar_unary_op op);
+lunar_status lunar_cpu_swiglu_forward(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *gate,
+                                      const lunar_tensor *up);
+lunar_status lunar_cpu_swiglu_backward(lunar_ctx *ctx, lunar_tensor *dgate, lunar_tensor *dup,
+                                       const lunar_tensor *dout, const lunar_tensor *gate, const lunar_tensor *up);
+lunar_status lunar_cpu_masked_fill(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *x, const lunar_tensor *mask,
+                                   double value);
+
+/* reduce.c */
+lunar_status lunar_cpu_reduce(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *x, int64_t outer, int64_t n,
+                              int64_t inner, lunar_reduce_op op);
+lunar_status lunar_cpu_reduce_backward(lunar_ctx *ctx, lunar_tensor *dx, const lunar_tensor *dy, const lunar_tensor *x,
+                                       const lunar_tensor *y, int64_t outer, int64_t n, int64_t inner,
+                                       lunar_reduce_op op);
+lunar_status lunar_cpu_max_dim(lunar_ctx *ctx, lunar_tensor *values, lunar_tensor *indices, const lunar_tensor *x,
+                               int64_t outer, int64_t n, int64_t inner);
+lunar_status lunar_cpu_cumsum(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *x, int64_t outer, int64_t n,
+                              int64_t inner, int reverse);
+lunar_status lunar_cpu_global_norm(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *const *ts, int n);
+
+/* softmax.c */
+lunar_status lunar_cpu_softmax_forward(lunar_ctx *ctx, lunar_tensor *y, const lunar_tensor *x, int log);
+lunar_status lunar_cpu_softmax_backward(lunar_ctx *ctx, lunar_tensor *dx, const lunar_tensor *dy, const lunar_tensor *y,
+                                        int log);
+lunar_status lunar_cpu_cross_entropy_forward(lunar_ctx *ctx, lunar_tensor *loss, lunar_tensor *logprobs,
+                                             lunar_tensor *lse, const lunar_tensor *logits,
+                                             const lunar_tensor *targets, int64_t ignore_index);
+lunar_status lunar_cpu_cross_entropy_backward(lunar_ctx *ctx, lunar_tensor *dlogits, const lunar_tensor *dloss,
+                                              const lunar_tensor *logits, const lunar_tensor *lse,
+                                              const lunar_tensor *targets, int64_t ignore_index);
+
+/* norm.c */
+lunar_status lunar_cpu_rmsnorm_forward(lunar_ctx *ctx, lunar_tensor *out, lunar_tensor *rstd, const lunar_tensor *x,
+                                       const lunar_tensor *w, float eps);
+lunar_status lunar_cpu_rmsnorm_backward_input(lunar_ctx *ctx, lunar_tensor *dx, const lunar_tensor *dout,
+                                              const lunar_tensor *x, const lunar_tensor *w, const lunar_tensor *rstd);
+lunar_status lunar_cpu_rmsnorm_backward_params(lunar_ctx *ctx, lunar_tensor *dw, const lunar_tensor *dout,
+                                               const lunar_tensor *x, const lunar_tensor *rstd);
+lunar_status lunar_cpu_layernorm_forward(lunar_ctx *ctx, lunar_tensor *out, lunar_tensor *mean, lunar_tensor *rstd,
+                                         const lunar_tensor *x, const lunar_tensor *w, const lunar_tensor *b, float eps);
+lunar_status lunar_cpu_layernorm_backward_input(lunar_ctx *ctx, lunar_tensor *dx, const lunar_tensor *dout,
+                                                const lunar_tensor *x, const lunar_tensor *w, const lunar_tensor *mean,
+                                                const lunar_tensor *rstd);
+lunar_status lunar_cpu_layernorm_backward_params(lunar_ctx *ctx, lunar_tensor *dw, lunar_tensor *db,
+                                                 const lunar_tensor *dout, const lunar_tensor *x,
+                                                 const lunar_tensor *mean, const lunar_tensor *rstd);
+
+/* rope.c */
+lunar_status lunar_cpu_rope(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *x, const lunar_tensor *positions,
+                            const lunar_tensor *inv_freq, lunar_rope_layout layout, float scale, int inverse);
+
+/* index.c */
+lunar_status lunar_cpu_embedding_forward(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *ids,
+                                         const lunar_tensor *weight);
+lunar_status lunar_cpu_embedding_backward(lunar_ctx *ctx, lunar_tensor *dweight, const lunar_tensor *dout,
+                                          const lunar_tensor *ids);
+lunar_status lunar_cpu_index_select(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *src,
+                                    const lunar_tensor *index, int64_t outer, int64_t n_src, int64_t inner);
+lunar_status lunar_cpu_index_add(lunar_ctx *ctx, lunar_tensor *dst, const lunar_tensor *index, const lunar_tensor *src,
+                                 double alpha, int64_t outer, int64_t n_dst, int64_t inner);
+lunar_status lunar_cpu_gather(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *src, const lunar_tensor *index,
+                              int64_t outer, int64_t n_data, int64_t n_idx, int64_t inner);
+lunar_status lunar_cpu_scatter(lunar_ctx *ctx, lunar_tensor *dst, const lunar_tensor *index, const lunar_tensor *src,
+                               int64_t outer, int64_t n_data, int64_t n_idx, int64_t inner, int accumulate);
+
+/* sort.c */
+lunar_status lunar_cpu_topk(lunar_ctx *ctx, lunar_tensor *values, lunar_tensor *indices, const lunar_tensor *x,
+                            int64_t rows, int64_t n, int64_t k, int largest);
+lunar_status lunar_cpu_argsort(lunar_ctx *ctx, lunar_tensor *indices, const lunar_tensor *x, int64_t rows, int64_t n,
+                               int descending);
+
+/* mask.c */
+lunar_status lunar_cpu_causal_mask(lunar_ctx *ctx, lunar_tensor *out, int64_t offset);
+lunar_status lunar_cpu_block_mask(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *cu_seqlens, int causal);
+
+/* adamw.c */
+lunar_status lunar_cpu_adamw_step(lunar_ctx *ctx, lunar_tensor *param, lunar_tensor *master, lunar_tensor *m,
+                                  lunar_tensor *v, const lunar_tensor *grad, const lunar_adamw_hparams *hp);
+
+#endif

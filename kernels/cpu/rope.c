@@ -1,0 +1,13 @@
+/* rope.c: CPU kernels (stub: not implemented yet). */
+#include "cpu.h"
+
+lunar_status lunar_cpu_rope(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *x, const lunar_tensor *positions, const lunar_tensor *inv_freq, lunar_rope_layout layout, float scale, int inverse) {
+    (void)out;
+    (void)x;
+    (void)positions;
+    (void)inv_freq;
+    (void)layout;
+    (void)scale;
+    (void)inverse;
+    return LUNAR_FAIL(ctx, LUNAR_ERR_UNSUPPORTED, "rope is not implemented on the cpu backend yet");
+}

@@ -1,0 +1,178 @@
+// backend_cuda.cu: the CUDA backend table, device state and memory functions.
+//
+// A machine without a driver (the development machines) reports 0 devices rather than an
+// error, so lunar runs there on CPU and says "device cuda:0 not available (0 cuda devices found)".
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.cuh"
+
+static lunar_cuda_state *cuda_state(lunar_ctx *ctx) {
+    lunar_cuda_state *s = (lunar_cuda_state *)lunar_ctx_backend_state(ctx, LUNAR_DEVICE_CUDA);
+    if (!s) {
+        s = (lunar_cuda_state *)calloc(1, sizeof *s);
+        if (!s) return NULL;
+        s->count = -1;
+        lunar_ctx_set_backend_state(ctx, LUNAR_DEVICE_CUDA, s);
+    }
+    return s;
+}
+
+static lunar_status cuda_device_count(lunar_ctx *ctx, int *count) {
+    lunar_cuda_state *s = cuda_state(ctx);
+    if (!s) return LUNAR_FAIL(ctx, LUNAR_ERR_OOM, "cuda: out of host memory");
+    if (s->count < 0) {
+        int n = 0;
+        if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;   // no driver or no device
+        cudaGetLastError();                                 // clear the sticky "no device" error
+        s->count = n > LUNAR_MAX_CUDA_DEVICES ? LUNAR_MAX_CUDA_DEVICES : n;
+    }
+    *count = s->count;
+    return LUNAR_OK;
+}
+
+extern "C" lunar_status lunar_cuda_device_get(lunar_ctx *ctx, int device, lunar_cuda_device **out) {
+    int count = 0;
+    lunar_status st = cuda_device_count(ctx, &count);
+    if (st != LUNAR_OK) return st;
+    if (device < 0 || device >= count)
+        return LUNAR_FAIL(ctx, LUNAR_ERR_DEVICE, "device cuda:%d not available (%d cuda devices found)", device, count);
+    lunar_cuda_device *d = &cuda_state(ctx)->dev[device];
+    LUNAR_CUDA_CHECK(ctx, cudaSetDevice(device));
+    if (!d->ready) {
+        LUNAR_CUDA_CHECK(ctx, cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
+        LUNAR_CUBLAS_CHECK(ctx, cublasCreate(&d->cublas));
+        LUNAR_CUBLAS_CHECK(ctx, cublasSetStream(d->cublas, d->stream));
+        LUNAR_CUBLAS_CHECK(ctx, cublasLtCreate(&d->cublaslt));
+        d->workspace_bytes = 32u << 20;
+        LUNAR_CUDA_CHECK(ctx, cudaMalloc(&d->workspace, d->workspace_bytes));
+        LUNAR_CUBLAS_CHECK(ctx, cublasSetWorkspace(d->cublas, d->workspace, d->workspace_bytes));
+        d->ready = 1;
+    }
+    *out = d;
+    return LUNAR_OK;
+}
+
+static lunar_status cuda_alloc(lunar_ctx *ctx, int device, size_t nbytes, void **out) {
+    lunar_cuda_device *d;
+    lunar_status st = lunar_cuda_device_get(ctx, device, &d);
+    if (st != LUNAR_OK) return st;
+    cudaError_t e = cudaMalloc(out, nbytes ? nbytes : 256);
+    if (e != cudaSuccess) {
+        size_t free_b = 0, total_b = 0;
+        cudaGetLastError();
+        cudaMemGetInfo(&free_b, &total_b);
+        return LUNAR_FAIL(ctx, LUNAR_ERR_OOM, "cuda:%d: cannot allocate %zu bytes (%zu of %zu bytes free): %s", device,
+                          nbytes, free_b, total_b, cudaGetErrorString(e));
+    }
+    return LUNAR_OK;
+}
+
+static void cuda_free(lunar_ctx *ctx, int device, void *ptr) {
+    (void)ctx;
+    cudaSetDevice(device);
+    cudaFree(ptr);   // synchronises the device, so no kernel still uses the block
+}
+
+static lunar_status cuda_copy_to_host(lunar_ctx *ctx, int device, void *dst, const void *src, size_t n) {
+    lunar_cuda_device *d;
+    lunar_status st = lunar_cuda_device_get(ctx, device, &d);
+    if (st != LUNAR_OK) return st;
+    LUNAR_CUDA_CHECK(ctx, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, d->stream));
+    LUNAR_CUDA_CHECK(ctx, cudaStreamSynchronize(d->stream));
+    return LUNAR_OK;
+}
+
+static lunar_status cuda_copy_from_host(lunar_ctx *ctx, int device, void *dst, const void *src, size_t n) {
+    lunar_cuda_device *d;
+    lunar_status st = lunar_cuda_device_get(ctx, device, &d);
+    if (st != LUNAR_OK) return st;
+    LUNAR_CUDA_CHECK(ctx, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, d->stream));
+    // the host buffer may be reused as soon as we return
+    LUNAR_CUDA_CHECK(ctx, cudaStreamSynchronize(d->stream));
+    return LUNAR_OK;
+}
+
+static lunar_status cuda_synchronize(lunar_ctx *ctx, int device) {
+    lunar_cuda_device *d;
+    lunar_status st = lunar_cuda_device_get(ctx, device, &d);
+    if (st != LUNAR_OK) return st;
+    LUNAR_CUDA_CHECK(ctx, cudaStreamSynchronize(d->stream));
+    return LUNAR_OK;
+}
+
+static void cuda_shutdown(lunar_ctx *ctx) {
+    lunar_cuda_state *s = (lunar_cuda_state *)lunar_ctx_backend_state(ctx, LUNAR_DEVICE_CUDA);
+    if (!s) return;
+    for (int i = 0; i < LUNAR_MAX_CUDA_DEVICES; i++) {
+        lunar_cuda_device *d = &s->dev[i];
+        if (!d->ready) continue;
+        cudaSetDevice(i);
+        cudaStreamSynchronize(d->stream);
+        cublasDestroy(d->cublas);
+        cublasLtDestroy(d->cublaslt);
+        cudaFree(d->workspace);
+        cudaStreamDestroy(d->stream);
+    }
+    free(s);
+    lunar_ctx_set_backend_state(ctx, LUNAR_DEVICE_CUDA, NULL);
+}
+
+static lunar_backend make_cuda_backend(void) {
+    lunar_backend b;
+    memset(&b, 0, sizeof b);
+    b.name = "cuda";
+    b.device_type = LUNAR_DEVICE_CUDA;
+    b.float_dtypes = (1u << LUNAR_DTYPE_F32) | (1u << LUNAR_DTYPE_BF16) | (1u << LUNAR_DTYPE_F16);
+    b.device_count = cuda_device_count;
+    b.alloc = cuda_alloc;
+    b.free = cuda_free;
+    b.copy_to_host = cuda_copy_to_host;
+    b.copy_from_host = cuda_copy_from_host;
+    b.synchronize = cuda_synchronize;
+    b.shutdown = cuda_shutdown;
+    b.copy = lunar_cuda_copy;
+    b.fill = lunar_cuda_fill;
+    b.arange = lunar_cuda_arange;
+    b.rng_fill = lunar_cuda_rng_fill;
+    b.gemm = lunar_cuda_gemm;
+    b.binary = lunar_cuda_binary;
+    b.binary_scalar = lunar_cuda_binary_scalar;
+    b.unary = lunar_cuda_unary;
+    b.unary_backward = lunar_cuda_unary_backward;
+    b.swiglu_forward = lunar_cuda_swiglu_forward;
+    b.swiglu_backward = lunar_cuda_swiglu_backward;
+    b.masked_fill = lunar_cuda_masked_fill;
+    b.reduce = lunar_cuda_reduce;
+    b.reduce_backward = lunar_cuda_reduce_backward;
+    b.max_dim = lunar_cuda_max_dim;
+    b.cumsum = lunar_cuda_cumsum;
+    b.global_norm = lunar_cuda_global_norm;
+    b.softmax_forward = lunar_cuda_softmax_forward;
+    b.softmax_backward = lunar_cuda_softmax_backward;
+    b.cross_entropy_forward = lunar_cuda_cross_entropy_forward;
+    b.cross_entropy_backward = lunar_cuda_cross_entropy_backward;
+    b.rmsnorm_forward = lunar_cuda_rmsnorm_forward;
+    b.rmsnorm_backward_input = lunar_cuda_rmsnorm_backward_input;
+    b.rmsnorm_backward_params = lunar_cuda_rmsnorm_backward_params;
+    b.layernorm_forward = lunar_cuda_layernorm_forward;
+    b.layernorm_backward_input = lunar_cuda_layernorm_backward_input;
+    b.layernorm_backward_params = lunar_cuda_layernorm_backward_params;
+    b.rope = lunar_cuda_rope;
+    b.embedding_forward = lunar_cuda_embedding_forward;
+    b.embedding_backward = lunar_cuda_embedding_backward;
+    b.index_select = lunar_cuda_index_select;
+    b.index_add = lunar_cuda_index_add;
+    b.gather = lunar_cuda_gather;
+    b.scatter = lunar_cuda_scatter;
+    b.topk = lunar_cuda_topk;
+    b.argsort = lunar_cuda_argsort;
+    b.causal_mask = lunar_cuda_causal_mask;
+    b.block_mask = lunar_cuda_block_mask;
+    b.adamw_step = lunar_cuda_adamw_step;
+    return b;
+}
+
+static const lunar_backend cuda_backend = make_cuda_backend();
+
+extern "C" const lunar_backend *lunar_backend_cuda(void) { return &cuda_backend; }

@@ -1,0 +1,22 @@
+// sort.cu: CUDA kernels (stub: not implemented yet).
+#include "common.cuh"
+
+extern "C" lunar_status lunar_cuda_topk(lunar_ctx *ctx, lunar_tensor *values, lunar_tensor *indices, const lunar_tensor *x, int64_t rows, int64_t n, int64_t k, int largest) {
+    (void)values;
+    (void)indices;
+    (void)x;
+    (void)rows;
+    (void)n;
+    (void)k;
+    (void)largest;
+    return LUNAR_FAIL(ctx, LUNAR_ERR_UNSUPPORTED, "topk is not implemented on the cuda backend yet");
+}
+
+extern "C" lunar_status lunar_cuda_argsort(lunar_ctx *ctx, lunar_tensor *indices, const lunar_tensor *x, int64_t rows, int64_t n, int descending) {
+    (void)indices;
+    (void)x;
+    (void)rows;
+    (void)n;
+    (void)descending;
+    return LUNAR_FAIL(ctx, LUNAR_ERR_UNSUPPORTED, "argsort is not implemented on the cuda backend yet");
+}

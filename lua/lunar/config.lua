@@ -1,0 +1,78 @@
+-- lunar.config: dotted command-line overrides (`lunar script.lua train.steps=10 model.path=x`)
+-- and merging them into a recipe's table with unknown keys rejected.
+local core = require 'lunar.core'
+
+local M = {}
+
+-- "10" -> 10, "true" -> true, "nil" -> nil marker, "[1,2]" / "{1,2}" -> {1, 2}, else the string
+local function parse_value(s)
+    if s == 'true' then return true end
+    if s == 'false' then return false end
+    local n = tonumber(s)
+    if n then return n end
+    local inner = s:match('^%[(.*)%]$') or s:match('^{(.*)}$')
+    if inner then
+        local list = {}
+        for item in inner:gmatch('[^,]+') do list[#list + 1] = parse_value(item:match('^%s*(.-)%s*$')) end
+        return list
+    end
+    return s
+end
+M.parse_value = parse_value
+
+-- Parse a list of "a.b.c=value" strings into a nested table.
+function M.parse(list)
+    local out = {}
+    for _, item in ipairs(list) do
+        local key, value = item:match('^([%w_%.%-]+)=(.*)$')
+        if not key then error(('override %q is not key=value'):format(item), 2) end
+        local node = out
+        local parts = {}
+        for p in key:gmatch('[^%.]+') do parts[#parts + 1] = p end
+        for i = 1, #parts - 1 do
+            local k = parts[i]
+            if node[k] == nil then node[k] = {} end
+            if type(node[k]) ~= 'table' then
+                error(('override %q: %s is already a value'):format(item, table.concat(parts, '.', 1, i)), 2)
+            end
+            node = node[k]
+        end
+        node[parts[#parts]] = parse_value(value)
+    end
+    return out
+end
+
+-- The overrides given on the command line, nested.
+function M.overrides()
+    return M.parse(core.overrides())
+end
+
+-- Merge overrides into defaults (a copy is returned). A key that defaults does not have is an
+-- error naming the full dotted key, unless defaults marks the table open with `__open = true`.
+function M.merge(defaults, overrides, prefix)
+    local out = {}
+    for k, v in pairs(defaults) do
+        if type(v) == 'table' and k ~= '__open' then out[k] = M.merge(v, {}, nil) else out[k] = v end
+    end
+    for k, v in pairs(overrides or {}) do
+        local name = prefix and (prefix .. '.' .. k) or tostring(k)
+        local cur = defaults[k]
+        if cur == nil and not defaults.__open then
+            local known = {}
+            for kk in pairs(defaults) do if kk ~= '__open' then known[#known + 1] = tostring(kk) end end
+            table.sort(known)
+            error(('unknown config key %q (known here: %s)'):format(name, table.concat(known, ', ')), 2)
+        end
+        if type(cur) == 'table' and type(v) == 'table' and #cur == 0 then
+            out[k] = M.merge(cur, v, name)
+        else
+            if cur ~= nil and type(cur) ~= type(v) then
+                error(('config key %q expects a %s, got %s %q'):format(name, type(cur), type(v), tostring(v)), 2)
+            end
+            out[k] = v
+        end
+    end
+    return out
+end
+
+return M

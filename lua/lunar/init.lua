@@ -1,0 +1,82 @@
+-- lunar: tensors, ops, collectives and checkpoint I/O for training GLM-5-family models.
+--
+--   local lunar = require 'lunar'
+--   local x = lunar.randn(4, 8)                 -- f32 on cpu
+--   local w = lunar.ones(8, {dtype = 'bf16'})
+--   local y = lunar.ops.rmsnorm(x, w, 1e-5)
+--   print(y)                                    -- printed like torch
+--
+-- Dims and positions are 1-based (t:size(1), t:narrow(1, 2, 3)); ids that come from files or
+-- the network (token ids, layer and expert ids, ranks, devices) are 0-based.
+local core = require 'lunar.core'
+
+local lunar = {}
+lunar.core = core
+lunar.version = core.version
+
+local tensor = require 'lunar.tensor'
+for k, v in pairs(tensor.api) do lunar[k] = v end
+
+lunar.ops = require 'lunar.ops'
+lunar.config = require 'lunar.config'
+
+-- lunar.scope(fn, ...): tensors created inside fn are freed when it returns, except the ones
+-- it returns (directly, or one level down in returned tables). Errors propagate after cleanup.
+function lunar.scope(fn, ...)
+    core.scope_push()
+    local res = {pcall(fn, ...)}
+    if res[1] then
+        for i = 2, #res do
+            local v = res[i]
+            if tensor.is_tensor(v) then
+                core.scope_keep(v)
+            elseif type(v) == 'table' then
+                for _, x in pairs(v) do
+                    if tensor.is_tensor(x) then core.scope_keep(x) end
+                end
+            end
+        end
+    end
+    core.scope_pop()
+    if not res[1] then error(res[2], 0) end
+    return unpack(res, 2, table.maxn(res))
+end
+
+-- Arenas: one block of memory for tensors that share a lifetime (see docs/architecture.md).
+function lunar.arena(name, bytes, device)
+    return core.arena_new(name, bytes, device)
+end
+
+-- Random streams. lunar.rng(seed) makes an independent stream; the default stream used by
+-- randn/rand/randint when no `rng` option is given is reseeded by lunar.manual_seed.
+function lunar.rng(seed)
+    return core.rng_new(seed or 0)
+end
+
+local default_rng = core.rng_new(0)
+function lunar.manual_seed(seed) default_rng = core.rng_new(seed) return default_rng end
+function lunar.default_rng() return default_rng end
+
+function lunar.threads(n) return core.threads(n) end
+function lunar.device_count(kind) return core.device_count(kind or 'cuda') end
+function lunar.cuda_built() return core.cuda_built() end
+function lunar.synchronize(device) core.synchronize(device) end
+function lunar.memory_stats(device) return core.pool_stats(device) end
+
+-- lunar.dist is loaded on first use (it initialises MPI when launched under mpirun).
+setmetatable(lunar, {__index = function(t, k)
+    if k == 'dist' then
+        local d = require 'lunar.dist'
+        rawset(t, 'dist', d)
+        return d
+    end
+end})
+
+-- lunar.breakpoint(): open the REPL here (locals are not captured; pass them in a table)
+function lunar.breakpoint(env)
+    if env then setmetatable(env, {__index = _G}) end
+    core.repl(env)
+end
+
+tensor.install(lunar)
+return lunar

@@ -1,0 +1,2 @@
+-- lunar.ops.adamw (stub: none yet)
+return {}

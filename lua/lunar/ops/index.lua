@@ -1,0 +1,2 @@
+-- lunar.ops.index (stub: none yet)
+return {}

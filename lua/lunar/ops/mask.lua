@@ -1,0 +1,2 @@
+-- lunar.ops.mask (stub: none yet)
+return {}

@@ -1,0 +1,2 @@
+-- lunar.ops.norm (stub: none yet)
+return {}

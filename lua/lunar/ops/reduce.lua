@@ -1,0 +1,2 @@
+-- lunar.ops.reduce (stub: none yet)
+return {}

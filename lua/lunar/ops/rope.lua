@@ -1,0 +1,2 @@
+-- lunar.ops.rope (stub: none yet)
+return {}

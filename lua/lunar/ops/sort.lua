@@ -1,0 +1,2 @@
+-- lunar.ops.sort (stub: none yet)
+return {}

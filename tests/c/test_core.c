@@ -1,0 +1,187 @@
+/* test_core.c: the C core without Lua: views, arenas (stale detection), pool reuse, scopes,
+ * dtype conversions at their edges, RNG determinism and splitting, copy with broadcasting. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "lunar/ops.h"
+#include "lunar/rng.h"
+#include "lunar/tensor.h"
+
+static int failures = 0;
+#define CHECK(cond, ...)                                                   \
+    do {                                                                   \
+        if (!(cond)) {                                                     \
+            failures++;                                                    \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);\
+            fprintf(stderr, __VA_ARGS__);                                  \
+            fprintf(stderr, "\n");                                         \
+        }                                                                  \
+    } while (0)
+
+static const lunar_device CPU = {LUNAR_DEVICE_CPU, 0};
+
+static float at(const lunar_tensor *t, int64_t i, int64_t j) {
+    return ((float *)t->storage->data)[t->offset + i * t->stride[0] + j * t->stride[1]];
+}
+
+static void test_views(lunar_ctx *ctx) {
+    lunar_tensor a = {0}, v = {0}, tr = {0}, n = {0}, r = {0};
+    int64_t shape[2] = {3, 4};
+    CHECK(lunar_tensor_new(ctx, &a, LUNAR_DTYPE_F32, CPU, 2, shape) == LUNAR_OK, "new");
+    CHECK(lunar_arange(ctx, &a, 0, 1) == LUNAR_OK, "arange: %s", lunar_ctx_error(ctx));
+    CHECK(lunar_tensor_transpose(ctx, &tr, &a, 0, 1) == LUNAR_OK, "transpose");
+    CHECK(tr.shape[0] == 4 && tr.shape[1] == 3 && !lunar_tensor_is_contiguous(&tr), "transposed shape");
+    CHECK(at(&tr, 1, 2) == 9.0f, "tr[1][2] = %g", at(&tr, 1, 2));
+    CHECK(lunar_tensor_narrow(ctx, &n, &a, 1, 1, 2) == LUNAR_OK, "narrow");
+    CHECK(at(&n, 2, 0) == 9.0f, "narrow value %g", at(&n, 2, 0));
+    int64_t flat[1] = {12};
+    CHECK(lunar_tensor_view(ctx, &v, &a, 1, flat) == LUNAR_OK, "view contiguous");
+    CHECK(lunar_tensor_view(ctx, &r, &tr, 1, flat) == LUNAR_ERR_SHAPE, "view of a transpose must fail");
+    CHECK(strstr(lunar_ctx_error(ctx), "not contiguous") != NULL, "message: %s", lunar_ctx_error(ctx));
+    int64_t split[3] = {3, 2, 2};
+    lunar_tensor s = {0};
+    CHECK(lunar_tensor_view(ctx, &s, &a, 3, split) == LUNAR_OK, "split last dim");
+    CHECK(s.stride[0] == 4 && s.stride[1] == 2 && s.stride[2] == 1, "strides %lld %lld %lld", (long long)s.stride[0],
+          (long long)s.stride[1], (long long)s.stride[2]);
+    /* copy a transposed view into a contiguous tensor */
+    lunar_tensor c = {0};
+    int64_t cs[2] = {4, 3};
+    CHECK(lunar_tensor_new(ctx, &c, LUNAR_DTYPE_F32, CPU, 2, cs) == LUNAR_OK, "new");
+    CHECK(lunar_copy(ctx, &c, &tr) == LUNAR_OK, "copy");
+    CHECK(((float *)c.storage->data)[1 * 3 + 2] == 9.0f, "copied transpose");
+    /* broadcast a row into a matrix */
+    lunar_tensor row = {0}, m = {0};
+    int64_t rs[1] = {3};
+    lunar_tensor_new(ctx, &row, LUNAR_DTYPE_F32, CPU, 1, rs);
+    lunar_arange(ctx, &row, 10, 1);
+    lunar_tensor_new(ctx, &m, LUNAR_DTYPE_F32, CPU, 2, cs);
+    CHECK(lunar_copy(ctx, &m, &row) == LUNAR_OK, "broadcast copy: %s", lunar_ctx_error(ctx));
+    CHECK(((float *)m.storage->data)[3 * 3 + 2] == 12.0f, "broadcast value");
+    lunar_tensor *all[] = {&a, &v, &tr, &n, &r, &s, &c, &row, &m};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) lunar_tensor_release(ctx, all[i]);
+}
+
+static void test_arena(lunar_ctx *ctx) {
+    lunar_arena *ar = NULL;
+    CHECK(lunar_arena_new(ctx, &ar, "step", CPU, 1 << 16) == LUNAR_OK, "arena");
+    lunar_tensor t = {0}, big = {0};
+    int64_t shape[1] = {100};
+    CHECK(lunar_tensor_new_in(ctx, &t, ar, LUNAR_DTYPE_F32, 1, shape) == LUNAR_OK, "alloc");
+    lunar_tensor_set_name(&t, "layers.3.attn.q");
+    CHECK(lunar_tensor_check(ctx, &t) == LUNAR_OK, "valid before reset");
+    lunar_arena_reset(ar);
+    CHECK(lunar_tensor_check(ctx, &t) == LUNAR_ERR_STALE, "stale after reset");
+    CHECK(strstr(lunar_ctx_error(ctx), "layers.3.attn.q") && strstr(lunar_ctx_error(ctx), "'step'"), "message names tensor and arena: %s",
+          lunar_ctx_error(ctx));
+    int64_t huge[1] = {1 << 20};
+    CHECK(lunar_tensor_new_in(ctx, &big, ar, LUNAR_DTYPE_F32, 1, huge) == LUNAR_ERR_OOM, "arena full");
+    CHECK(strstr(lunar_ctx_error(ctx), "is full") != NULL, "full message: %s", lunar_ctx_error(ctx));
+    lunar_arena_release(ctx, ar);   /* the owner goes; t still holds the header */
+    CHECK(lunar_tensor_check(ctx, &t) == LUNAR_ERR_STALE, "still stale");
+    lunar_tensor_release(ctx, &t);
+}
+
+static void test_pool_and_scope(lunar_ctx *ctx) {
+    lunar_pool *p;
+    lunar_ctx_pool(ctx, CPU, &p);
+    lunar_pool_stats before = lunar_pool_stats_get(p);
+    lunar_tensor t = {0};
+    int64_t shape[1] = {1000};
+    lunar_tensor_new(ctx, &t, LUNAR_DTYPE_F32, CPU, 1, shape);
+    lunar_storage_free(ctx, t.storage);
+    CHECK(lunar_tensor_check(ctx, &t) == LUNAR_ERR_STALE, "freed tensor is stale");
+    CHECK(strstr(lunar_ctx_error(ctx), "used after free") != NULL, "%s", lunar_ctx_error(ctx));
+    lunar_storage_free(ctx, t.storage);   /* idempotent */
+    lunar_tensor_release(ctx, &t);
+    lunar_tensor u = {0};
+    lunar_tensor_new(ctx, &u, LUNAR_DTYPE_F32, CPU, 1, shape);
+    lunar_pool_stats after = lunar_pool_stats_get(p);
+    CHECK(after.reuses > before.reuses, "the freed block was reused");
+    lunar_tensor_release(ctx, &u);
+
+    lunar_tensor a = {0}, b = {0};
+    lunar_scope_push(ctx);
+    lunar_tensor_new(ctx, &a, LUNAR_DTYPE_F32, CPU, 1, shape);
+    lunar_scope_track(ctx, a.storage);
+    lunar_tensor_new(ctx, &b, LUNAR_DTYPE_F32, CPU, 1, shape);
+    lunar_scope_track(ctx, b.storage);
+    lunar_scope_keep(ctx, b.storage);
+    lunar_scope_pop(ctx);
+    CHECK(lunar_tensor_check(ctx, &a) == LUNAR_ERR_STALE, "scope freed a");
+    CHECK(lunar_tensor_check(ctx, &b) == LUNAR_OK, "scope kept b");
+    lunar_tensor_release(ctx, &a);
+    lunar_tensor_release(ctx, &b);
+}
+
+static void test_dtypes(void) {
+    CHECK(lunar_f32_to_bf16(1.0f) == 0x3f80, "bf16 1");
+    CHECK(lunar_f32_to_bf16(lunar_bits_f32(0x3f808000u)) == 0x3f80, "bf16 tie to even (down)");
+    CHECK(lunar_f32_to_bf16(lunar_bits_f32(0x3f818000u)) == 0x3f82, "bf16 tie to even (up)");
+    CHECK(lunar_f32_to_f8e4m3(448.0f) == 0x7e, "e4m3 max");
+    CHECK(lunar_f32_to_f8e4m3(1000.0f) == 0x7f, "e4m3 overflow is NaN like torch");
+    CHECK(lunar_f32_to_f8e4m3_sat(1000.0f) == 0x7e, "e4m3 saturating cast");
+    CHECK(lunar_f8e4m3_to_f32(0x01) == ldexpf(1.0f, -9), "e4m3 smallest subnormal");
+    CHECK(lunar_f32_to_f8e5m2(1e6f) == 0x7c, "e5m2 overflow is inf");
+    CHECK(lunar_f32_to_f16(65520.0f) == 0x7c00, "f16 rounds to inf");
+    CHECK(lunar_f32_to_f16(65504.0f) == 0x7bff, "f16 max");
+    CHECK(lunar_f16_to_f32(0x0001) == ldexpf(1.0f, -24), "f16 smallest subnormal");
+    /* every e4m3 / e5m2 code decodes and re-encodes to itself (NaN codes aside) */
+    for (int b = 0; b < 256; b++) {
+        float f = lunar_f8e4m3_to_f32((uint8_t)b);
+        if (f == f) CHECK(lunar_f32_to_f8e4m3(f) == b, "e4m3 round trip %02x", b);
+        float g = lunar_f8e5m2_to_f32((uint8_t)b);
+        if (g == g) CHECK(lunar_f32_to_f8e5m2(g) == b, "e5m2 round trip %02x", b);
+    }
+}
+
+static void test_rng(lunar_ctx *ctx) {
+    lunar_rng r1, r2;
+    lunar_rng_seed(&r1, 42);
+    lunar_rng_seed(&r2, 42);
+    lunar_tensor a = {0}, b = {0};
+    int64_t shape[1] = {1000};
+    lunar_tensor_new(ctx, &a, LUNAR_DTYPE_F32, CPU, 1, shape);
+    lunar_tensor_new(ctx, &b, LUNAR_DTYPE_F32, CPU, 1, shape);
+    lunar_rng_normal(ctx, &a, &r1, 0, 1);
+    lunar_rng_normal(ctx, &b, &r2, 0, 1);
+    CHECK(memcmp(a.storage->data, b.storage->data, 4000) == 0, "same seed, same numbers");
+    CHECK(r1.counter == 1000, "counter advanced by numel");
+    double s = 0, s2 = 0;
+    for (int i = 0; i < 1000; i++) { double x = ((float *)a.storage->data)[i]; s += x; s2 += x * x; }
+    CHECK(fabs(s / 1000) < 0.15 && fabs(s2 / 1000 - 1) < 0.15, "normal moments %g %g", s / 1000, s2 / 1000);
+    lunar_rng c1 = lunar_rng_split(&r1, 1), c2 = lunar_rng_split(&r1, 2);
+    CHECK(c1.key != c2.key && c1.key != r1.key, "split keys differ");
+    /* drawing 1000 numbers at once equals drawing 400 then 600 */
+    lunar_rng r3, r4;
+    lunar_rng_seed(&r3, 7);
+    lunar_rng_seed(&r4, 7);
+    lunar_rng_uniform(ctx, &a, &r3, 0, 1);
+    lunar_tensor p1 = {0}, p2 = {0};
+    lunar_tensor_narrow(ctx, &p1, &b, 0, 0, 400);
+    lunar_tensor_narrow(ctx, &p2, &b, 0, 400, 600);
+    lunar_rng_uniform(ctx, &p1, &r4, 0, 1);
+    lunar_rng_uniform(ctx, &p2, &r4, 0, 1);
+    CHECK(memcmp(a.storage->data, b.storage->data, 4000) == 0, "split draws equal one draw");
+    lunar_tensor_release(ctx, &p1);
+    lunar_tensor_release(ctx, &p2);
+    lunar_tensor_release(ctx, &a);
+    lunar_tensor_release(ctx, &b);
+}
+
+int main(void) {
+    lunar_ctx *ctx;
+    if (lunar_ctx_init(&ctx) != LUNAR_OK) return 1;
+    test_views(ctx);
+    test_arena(ctx);
+    test_pool_and_scope(ctx);
+    test_dtypes();
+    test_rng(ctx);
+    lunar_ctx_free(ctx);
+    if (failures) {
+        fprintf(stderr, "%d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("test_core: all checks passed\n");
+    return 0;
+}
