@@ -1,2 +1,25 @@
--- lunar.ops.mask (stub: none yet)
-return {}
+-- lunar.ops.mask: attention masks.
+--   causal_mask(tq[, tk], {offset=0, dtype='bool', device=, out=})  -> (tq, tk): k visible iff k <= q + offset
+--   block_mask(cu_seqlens, {causal=true, dtype='bool', out=})      -> (T, T) for packed documents
+-- bool masks are true where attention is allowed; float masks are 0 there and -inf elsewhere.
+local core = require 'lunar.core'
+local C = core.ops
+
+local M = {}
+
+function M.causal_mask(tq, tk, opts)
+    if type(tk) == 'table' then opts, tk = tk, nil end
+    opts = opts or {}
+    local out = opts.out or core.empty({tq, tk or tq}, opts.dtype or 'bool', opts.device)
+    return C.causal_mask(out, opts.offset or 0)
+end
+
+function M.block_mask(cu_seqlens, opts)
+    opts = opts or {}
+    local cu = cu_seqlens:to('cpu'):tolist_flat()
+    local t = cu[#cu]
+    local out = opts.out or core.empty({t, t}, opts.dtype or 'bool', opts.device or cu_seqlens:device())
+    return C.block_mask(out, cu_seqlens, opts.causal ~= false)
+end
+
+return M
