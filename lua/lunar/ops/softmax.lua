@@ -65,9 +65,15 @@ local function flat_rows(op, logits, targets)
     local nd = logits:dim()
     if nd < 1 then fail(op .. ': logits is 0-dim; expected (..., V)') end
     local v = logits:size(nd)
-    local n = logits:numel() / math.max(v, 1)
-    if nd ~= targets:dim() + 1 then
-        fail(('%s: targets has %d dims, expected %d (logits (..., V) and targets (...))'):format(op, targets:dim(), nd - 1))
+    local n = 1
+    for i = 1, nd - 1 do n = n * logits:size(i) end
+    local ls, ts = logits:size(), targets:size()
+    local ok = #ts == nd - 1
+    for i = 1, nd - 1 do ok = ok and ts[i] == ls[i] end
+    if not ok then
+        table.remove(ls)
+        fail(('%s: targets has shape (%s), expected (%s) (logits (..., V) and targets (...))'):format(op,
+            table.concat(ts, ', '), table.concat(ls, ', ')))
     end
     if nd == 2 then return logits, targets, n end
     return logits:reshape(n, v), targets:reshape(n), n
@@ -84,17 +90,27 @@ function M.cross_entropy(logits, targets, opts)
     return loss, logprobs, lse
 end
 
+-- a per-row tensor (targets' shape, or flat (N)) as an (N) view
+local function row_vector(role, t, targets, n)
+    if t:numel() ~= n then
+        fail(('cross_entropy_backward: %s has shape (%s), expected (%s) like targets'):format(role,
+            table.concat(t:size(), ', '), table.concat(targets:size(), ', ')))
+    end
+    return t:reshape(n)
+end
+
 function M.cross_entropy_backward(dloss, logits, lse, targets, opts)
     opts = opts or {}
     local l2, t2, n = flat_rows('cross_entropy_backward', logits, targets)
     if type(dloss) == 'number' then
         dloss = core.empty({n}, 'f32', logits:device()):fill_(dloss)
     elseif tensor.is_tensor(dloss) then
-        dloss = dloss:reshape(n)
+        dloss = row_vector('dloss', dloss, targets, n)
     else
         fail('cross_entropy_backward: dloss must be a tensor or a number, got a ' .. type(dloss))
     end
     if not tensor.is_tensor(lse) then fail('cross_entropy_backward: lse must be a tensor (from cross_entropy)') end
+    lse = row_vector('lse', lse, targets, n)
     local dlogits = opts.out or core.empty(logits:size(), logits:dtype(), logits:device())
     if opts.out then
         local a, b = table.concat(dlogits:size(), 'x'), table.concat(logits:size(), 'x')
@@ -105,7 +121,7 @@ function M.cross_entropy_backward(dloss, logits, lse, targets, opts)
         local ok, v = pcall(dlogits.view, dlogits, n, logits:size(-1))
         if ok then d2 = v else d2, fresh = core.empty({n, logits:size(-1)}, dlogits:dtype(), dlogits:device()), true end
     end
-    C.cross_entropy_backward(d2, dloss, l2, lse:reshape(n), t2, opts.ignore_index or -100)
+    C.cross_entropy_backward(d2, dloss, l2, lse, t2, opts.ignore_index or -100)
     if fresh then dlogits:copy_(d2:view(dlogits:size())) end
     return dlogits
 end

@@ -30,6 +30,10 @@ function M.topk(x, k, opts)
     local move, d = mover('topk', x, opts)
     if type(k) ~= 'number' or k ~= math.floor(k) then fail('topk: k must be an integer, got ' .. tostring(k)) end
     local shape = x:size()
+    if k < 0 or k > shape[d] then
+        fail(('topk: k = %d out of range [0, %d] for x %s(%s)'):format(k, shape[d],
+            x:name() and ("'" .. x:name() .. "' ") or '', table.concat(shape, ', ')))
+    end
     shape[d] = k
     local values = opts.out or core.empty(shape, x:dtype(), x:device())
     local indices = opts.indices or core.empty(shape, 'i64', x:device())
