@@ -36,7 +36,6 @@ local function cdim(op, x, dim)
     end
     return dim > 0 and dim - 1 or dim + nd
 end
-M._cdim = cdim
 
 -- (dim, opts) | (opts) | ()
 local function dim_opts(dim, opts)
