@@ -139,6 +139,8 @@ int main(int argc, char **argv) {
     }
     if (rc == 0 && interactive) {
         lua_settop(L, 0);
+        lua_pushnil(L);   /* --repl-on-error is about the script: errors typed at the REPL are just shown */
+        lua_setfield(L, LUA_REGISTRYINDEX, "lunar.repl_on_error");
         if (lunar_vm_dostring(L, "lunar = lunar or require 'lunar'", "=(repl)") != 0) {
             report_error(L);
             lua_settop(L, 0);

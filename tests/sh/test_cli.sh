@@ -182,7 +182,7 @@ grep -q 'entering the REPL' "$TMP/err" && fail "a REPL was opened without --repl
 
 # through tmux, as at a terminal
 if command -v tmux >/dev/null 2>&1; then
-    tmux_start onerr "'$LUNAR' --repl-on-error '$TMP/onerror.lua'"
+    tmux_start onerr "env INPUTRC=/dev/null LUNAR_HISTORY='$TMP/history' '$LUNAR' --repl-on-error '$TMP/onerror.lua'"
     tmux_wait onerr 'entering the REPL'
     tmux_wait onerr 'lunar> '
     tmux_keys onerr '=foo'

@@ -13,7 +13,8 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 . "$(dirname "$0")/tmux_lib.sh"
 trap 'tmux_cleanup; [ -n "${KEEP:-}" ] || rm -rf "$TMP"' EXIT INT TERM
 
-RUN="env LUNAR_HISTORY='$TMP/history' ASAN_OPTIONS=detect_leaks=0 '$LUNAR'"
+# INPUTRC: readline's default (emacs) key bindings, whatever the user's ~/.inputrc says
+RUN="env LUNAR_HISTORY='$TMP/history' INPUTRC=/dev/null ASAN_OPTIONS=detect_leaks=0 '$LUNAR'"
 
 # ---- lunar -i ----------------------------------------------------------------------------
 tmux_start main "$RUN -i"

@@ -15,7 +15,8 @@
 
 TMUX_SOCK="lunar-test-$$"
 
-tmux_cmd() { tmux -L "$TMUX_SOCK" "$@"; }
+# a plain sh runs the session commands, whatever the user's shell; works inside tmux too
+tmux_cmd() { env -u TMUX SHELL=/bin/sh tmux -L "$TMUX_SOCK" "$@"; }
 
 tmux_cleanup() { tmux_cmd kill-server >/dev/null 2>&1 || true; }
 
