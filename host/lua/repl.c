@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <readline/history.h>
@@ -19,6 +20,33 @@ static void history_path(char *buf, size_t n) {
     if (p && *p) { snprintf(buf, n, "%s", p); return; }
     const char *home = getenv("HOME");
     snprintf(buf, n, "%s/.lunar_history", home && *home ? home : ".");
+}
+
+/* Ctrl-C at the prompt cancels the input typed so far instead of ending lunar (and the session
+ * with whatever it had loaded). While readline reads a line the terminal's interrupt character is
+ * switched off, so ^C arrives as a key; cancel_line ends the line with a ^C mark that the loop
+ * recognises. Outside readline (while code runs) ^C interrupts as usual. */
+static void prep_terminal(int meta) {
+    rl_prep_terminal(meta);   /* saves the terminal's settings, restored by rl_deprep_terminal */
+    int fd = fileno(rl_instream ? rl_instream : stdin);
+    struct termios t;
+    if (tcgetattr(fd, &t) == 0) {
+        t.c_cc[VINTR] = _POSIX_VDISABLE;
+        tcsetattr(fd, TCSADRAIN, &t);
+    }
+}
+
+static int cancel_line(int count, int key) {
+    (void)count;
+    rl_point = rl_end;
+    rl_insert_text("\003");   /* shown as ^C */
+    rl_redisplay();
+    return rl_newline(1, key);
+}
+
+static int is_cancelled(const char *line) {
+    size_t n = strlen(line);
+    return n > 0 && line[n - 1] == '\003';
 }
 
 /* 1 if the chunk failed only because the input ended early (more lines are needed) */
@@ -79,6 +107,8 @@ void lunar_repl_run(lua_State *L, int env) {
         /* a nested REPL (lunar.breakpoint from the REPL) keeps the history already loaded */
         if (history_length == 0 && read_history(hist) != 0)
             write_history(hist);                            /* create it so append_history works */
+        rl_prep_term_function = prep_terminal;
+        rl_bind_key('\003', cancel_line);
     }
     if (env < 0) env = lua_gettop(L) + env + 1;
     size_t cap = 4096, len = 0;
@@ -90,6 +120,12 @@ void lunar_repl_run(lua_State *L, int env) {
         if (!line) {
             if (tty) fputc('\n', stdout);
             break;
+        }
+        if (tty && is_cancelled(line)) {                    /* ^C: drop the pending input */
+            free(line);
+            len = 0;
+            buf[0] = 0;
+            continue;
         }
         if (len == 0 && line[0] == 0) { free(line); continue; }
         size_t ln = strlen(line);

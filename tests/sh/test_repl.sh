@@ -1,7 +1,7 @@
 #!/bin/sh
 # tests/sh/test_repl.sh LUNAR_BIN: the interactive REPL (`lunar -i`) driven through tmux, as a
 # user at a terminal would: tensor printing, errors that leave the REPL running, multi-line
-# input, line editing and history, Ctrl-D, and `lunar -i script.lua`.
+# input, line editing, Ctrl-C, history, Ctrl-D, and `lunar -i script.lua`.
 # Exit 77 (skipped) when tmux is not installed.
 set -u
 LUNAR=${1:?usage: test_repl.sh LUNAR_BIN}
@@ -70,6 +70,19 @@ tmux_key main C-a
 tmux_cmd send-keys -t main -l 'p'
 tmux_key main Enter
 tmux_wait main 'edited'
+
+# Ctrl-C at the prompt cancels the pending input (a half-typed line, or an unfinished chunk)
+# and the REPL carries on at a fresh prompt
+tmux_cmd send-keys -t main -l "print('never' .. 'printed')"
+tmux_key main C-c
+tmux_wait main "print('never' .. 'printed')^C"
+tmux_keys main 'for i = 1, 2 do'
+tmux_cmd send-keys -t main -l "print('never' .. 'either')"
+tmux_key main C-c
+tmux_keys main "print('after' .. 'cancel')"
+tmux_wait main 'aftercancel'
+tmux_screen main | grep -q -F "lunar> print('after' .. 'cancel')" || fail "no fresh prompt after Ctrl-C"
+tmux_screen main | grep -q -x -e 'neverprinted' -e 'nevereither' && fail "cancelled input was run"
 
 # history: Up recalls the previous line, Up Up the one before (a line repeated right away is
 # stored once, so after running histtwo again the one before it is still histone)
