@@ -85,8 +85,14 @@ int main(int argc, char **argv) {
             if (++i >= argc) { fprintf(stderr, "lunar: -e needs an argument\n"); return 2; }
             code = argv[i];
         } else if (strcmp(a, "--threads") == 0) {
-            if (++i >= argc) { fprintf(stderr, "lunar: --threads needs an argument\n"); return 2; }
-            threads = atoi(argv[i]);
+            char *end = NULL;
+            long n = ++i < argc ? strtol(argv[i], &end, 10) : 0;
+            if (i >= argc || end == argv[i] || *end != 0 || n < 1 || n > 4096) {
+                fprintf(stderr, "lunar: --threads needs a thread count (1..4096)\n");
+                usage(stderr);
+                return 2;
+            }
+            threads = (int)n;
         } else if (strcmp(a, "--") == 0) {
             i++;
             break;
@@ -127,11 +133,20 @@ int main(int argc, char **argv) {
         if (strcmp(script, "-") == 0) script = NULL;   /* stdin */
         if (lunar_vm_dofile(L, script, nargs) != 0) rc = 1;
     }
-    if (rc != 0) report_error(L);
+    if (rc != 0) {
+        report_error(L);
+        if (repl_on_error) lunar_vm_repl_at_failure(L);   /* exits 1 afterwards all the same */
+    }
     if (rc == 0 && interactive) {
-        printf("lunar %s  (LuaJIT; tensors: lunar = require 'lunar'; Ctrl-D exits)\n", LUNAR_VERSION);
-        lunar_vm_dostring(L, "lunar = require 'lunar'", "=(repl)");
         lua_settop(L, 0);
+        lua_pushnil(L);   /* --repl-on-error is about the script: errors typed at the REPL are just shown */
+        lua_setfield(L, LUA_REGISTRYINDEX, "lunar.repl_on_error");
+        if (lunar_vm_dostring(L, "lunar = lunar or require 'lunar'", "=(repl)") != 0) {
+            report_error(L);
+            lua_settop(L, 0);
+        }
+        printf("lunar %s (LuaJIT; `lunar` is loaded; Ctrl-D exits)\n", LUNAR_VERSION);
+        fflush(stdout);
         lunar_repl_run(L, 0);
     }
     if (rc != 0 && lunar_dist_env_size() > 1) lunar_dist_abort(1);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <readline/history.h>
@@ -21,6 +22,33 @@ static void history_path(char *buf, size_t n) {
     snprintf(buf, n, "%s/.lunar_history", home && *home ? home : ".");
 }
 
+/* Ctrl-C at the prompt cancels the input typed so far instead of ending lunar (and the session
+ * with whatever it had loaded). While readline reads a line the terminal's interrupt character is
+ * switched off, so ^C arrives as a key; cancel_line ends the line with a ^C mark that the loop
+ * recognises. Outside readline (while code runs) ^C interrupts as usual. */
+static void prep_terminal(int meta) {
+    rl_prep_terminal(meta);   /* saves the terminal's settings, restored by rl_deprep_terminal */
+    int fd = fileno(rl_instream ? rl_instream : stdin);
+    struct termios t;
+    if (tcgetattr(fd, &t) == 0) {
+        t.c_cc[VINTR] = _POSIX_VDISABLE;
+        tcsetattr(fd, TCSADRAIN, &t);
+    }
+}
+
+static int cancel_line(int count, int key) {
+    (void)count;
+    rl_point = rl_end;
+    rl_insert_text("\003");   /* shown as ^C */
+    rl_redisplay();
+    return rl_newline(1, key);
+}
+
+static int is_cancelled(const char *line) {
+    size_t n = strlen(line);
+    return n > 0 && line[n - 1] == '\003';
+}
+
 /* 1 if the chunk failed only because the input ended early (more lines are needed) */
 static int incomplete(lua_State *L, int rc) {
     if (rc != LUA_ERRSYNTAX) return 0;
@@ -31,13 +59,18 @@ static int incomplete(lua_State *L, int rc) {
     return msg && len >= tl && strcmp(msg + len - tl, tail) == 0;
 }
 
+/* one line without its newline (malloc'd), or NULL at end of input */
 static char *read_line(const char *prompt, int tty) {
     if (tty) return readline(prompt);
-    char buf[8192];
-    if (!fgets(buf, sizeof buf, stdin)) return NULL;
-    size_t n = strlen(buf);
-    if (n && buf[n - 1] == '\n') buf[n - 1] = 0;
-    return strdup(buf);
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n = getline(&line, &cap, stdin);
+    if (n < 0) {
+        free(line);
+        return NULL;
+    }
+    if (n && line[n - 1] == '\n') line[n - 1] = 0;
+    return line;
 }
 
 /* print the values on the stack from index `first` to the top */
@@ -66,7 +99,16 @@ void lunar_repl_run(lua_State *L, int env) {
     history_path(hist, sizeof hist);
     if (tty) {
         using_history();
-        if (read_history(hist) != 0) write_history(hist);   /* create it so append_history works */
+        /* a chunk typed over several lines is one history entry: entries are written with a
+         * timestamp line before them, which is what tells the reader where one ends */
+        history_comment_char = '#';
+        history_write_timestamps = 1;
+        history_multiline_entries = 1;
+        /* a nested REPL (lunar.breakpoint from the REPL) keeps the history already loaded */
+        if (history_length == 0 && read_history(hist) != 0)
+            write_history(hist);                            /* create it so append_history works */
+        rl_prep_term_function = prep_terminal;
+        rl_bind_key('\003', cancel_line);
     }
     if (env < 0) env = lua_gettop(L) + env + 1;
     size_t cap = 4096, len = 0;
@@ -78,6 +120,12 @@ void lunar_repl_run(lua_State *L, int env) {
         if (!line) {
             if (tty) fputc('\n', stdout);
             break;
+        }
+        if (tty && is_cancelled(line)) {                    /* ^C: drop the pending input */
+            free(line);
+            len = 0;
+            buf[0] = 0;
+            continue;
         }
         if (len == 0 && line[0] == 0) { free(line); continue; }
         size_t ln = strlen(line);
@@ -95,8 +143,10 @@ void lunar_repl_run(lua_State *L, int env) {
 
         int top = lua_gettop(L);
         const char *code = buf[0] == '=' ? buf + 1 : buf;
-        /* an expression first ("return <code>"), then a statement */
-        lua_pushfstring(L, "return %s", code);
+        /* an expression first, then a statement. The expression list is passed through
+         * select(1, ...) rather than returned directly: `return f(x)` would be a tail call, and
+         * an error inside f would then show a traceback without the line typed. */
+        lua_pushfstring(L, "return select(1, %s)", code);
         int rc = luaL_loadbuffer(L, lua_tostring(L, -1), strlen(lua_tostring(L, -1)), "=stdin");
         lua_remove(L, -2);
         if (rc != 0) {
@@ -109,8 +159,11 @@ void lunar_repl_run(lua_State *L, int env) {
         }
         if (tty) {
             buf[len - 1] = 0;
-            add_history(buf);
-            append_history(1, hist);
+            HIST_ENTRY *last = history_length > 0 ? history_get(history_base + history_length - 1) : NULL;
+            if (!last || strcmp(last->line, buf) != 0) {   /* a repeated line is kept once */
+                add_history(buf);
+                append_history(1, hist);
+            }
         }
         len = 0;
         buf[0] = 0;

@@ -124,25 +124,32 @@ void lunar_vm_free(lua_State *L) {
     if (L) lua_close(L);
 }
 
-/* ---- --repl-on-error: a REPL inside the message handler, where the failing frame still exists */
+/* ---- --repl-on-error ------------------------------------------------------------------------
+ *
+ * The message handler runs while the failing frame still exists, so that is where its locals
+ * and upvalues are copied into a table (registry "lunar.failure_env"). The REPL itself opens
+ * only after the protected call has returned (lunar_vm_repl_at_failure): inside the handler the
+ * VM is in its error-handling state, where every error, even one caught by a nested pcall,
+ * becomes "error in error handling", so a REPL there could not report its own errors. */
 
-static void open_repl_at_failure(lua_State *L) {
+static void capture_failure_env(lua_State *L) {
     lua_Debug ar;
     int level;
-    /* find the innermost user Lua frame (skipping this handler, C functions and lunar's library) */
+    /* the innermost user Lua frame (skipping this handler, C functions and lunar's library) */
     for (level = 1; lua_getstack(L, level, &ar); level++) {
         lua_getinfo(L, "Sl", &ar);
         if (ar.currentline > 0 && strncmp(ar.source, LUNAR_LIB_CHUNK_PREFIX, strlen(LUNAR_LIB_CHUNK_PREFIX)) != 0) break;
     }
-    lua_newtable(L);                                  /* env with the frame's locals */
+    lua_newtable(L);
     int env = lua_gettop(L);
     if (lua_getstack(L, level, &ar)) {
         const char *name;
+        /* locals in order, so that a later local shadows an earlier one of the same name */
         for (int i = 1; (name = lua_getlocal(L, &ar, i)) != NULL; i++) {
             if (name[0] == '(') { lua_pop(L, 1); continue; }   /* temporaries */
             lua_setfield(L, env, name);
         }
-        lua_getinfo(L, "f", &ar);                     /* upvalues of the failing function too */
+        lua_getinfo(L, "f", &ar);                     /* upvalues the locals do not shadow */
         for (int i = 1;; i++) {
             const char *up = lua_getupvalue(L, -1, i);
             if (!up) break;
@@ -154,14 +161,29 @@ static void open_repl_at_failure(lua_State *L) {
         }
         lua_pop(L, 1);
     }
+    lua_setfield(L, LUA_REGISTRYINDEX, "lunar.failure_env");
+}
+
+int lunar_vm_repl_at_failure(lua_State *L) {
+    lua_getfield(L, LUA_REGISTRYINDEX, "lunar.failure_env");
+    if (!lua_istable(L, -1)) {
+        lua_pop(L, 1);
+        return 0;
+    }
+    lua_pushnil(L);
+    lua_setfield(L, LUA_REGISTRYINDEX, "lunar.failure_env");
+    int env = lua_gettop(L);
     lua_newtable(L);                                  /* setmetatable(env, {__index = _G}) */
     lua_pushvalue(L, LUA_GLOBALSINDEX);
     lua_setfield(L, -2, "__index");
     lua_setmetatable(L, env);
+    /* the REPL's conveniences: `lunar` is there even if the script only had a local one */
+    if (lunar_vm_dostring(L, "lunar = lunar or require 'lunar'", "=(repl)") != 0) lua_pop(L, 1);
     fprintf(stderr, "lunar: entering the REPL at the failure (locals of the failing function are visible; "
                     "Ctrl-D to exit)\n");
     lunar_repl_run(L, env);
     lua_settop(L, env - 1);
+    return 1;
 }
 
 int lunar_vm_traceback(lua_State *L) {
@@ -169,21 +191,21 @@ int lunar_vm_traceback(lua_State *L) {
         /* non-string error object: use __tostring if it has one */
         if (luaL_callmeta(L, 1, "__tostring") && lua_isstring(L, -1)) lua_replace(L, 1);
         else lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1)), lua_replace(L, 1);
+        lua_settop(L, 1);
     }
-    lua_getglobal(L, "debug");
-    lua_getfield(L, -1, "traceback");
-    lua_pushvalue(L, 1);
-    lua_pushinteger(L, 2);
-    lua_call(L, 2, 1);
     lua_getfield(L, LUA_REGISTRYINDEX, "lunar.repl_on_error");
     int repl = lua_toboolean(L, -1);
     lua_pop(L, 1);
     if (repl) {
         lua_pushnil(L);
         lua_setfield(L, LUA_REGISTRYINDEX, "lunar.repl_on_error");   /* once */
-        fprintf(stderr, "%s\n", lua_tostring(L, -1));
-        open_repl_at_failure(L);
+        capture_failure_env(L);
     }
+    lua_getglobal(L, "debug");
+    lua_getfield(L, -1, "traceback");
+    lua_pushvalue(L, 1);
+    lua_pushinteger(L, 2);
+    lua_call(L, 2, 1);
     return 1;
 }
 

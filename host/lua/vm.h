@@ -12,9 +12,14 @@ lua_State *lunar_vm_new(lunar_ctx *ctx);
 void       lunar_vm_free(lua_State *L);
 
 /* The message handler used for every protected call: appends a traceback to the error.
- * When the registry flag "lunar.repl_on_error" is set, it opens the REPL at the failure, with
- * the failing frame's locals visible. */
+ * When the registry flag "lunar.repl_on_error" is set (once), it also copies the failing frame's
+ * locals and upvalues into a table for lunar_vm_repl_at_failure. */
 int lunar_vm_traceback(lua_State *L);
+
+/* After a protected call failed under the "lunar.repl_on_error" flag: runs the REPL with the
+ * failing frame's locals visible (globals behind them). Returns 1 if a REPL ran, 0 if nothing
+ * had been captured. */
+int lunar_vm_repl_at_failure(lua_State *L);
 
 /* Load (file, string) and call with nargs arguments already pushed; on error the message with
  * traceback is left on the stack and the status returned. */

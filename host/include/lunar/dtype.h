@@ -80,10 +80,12 @@ LUNAR_HD float lunar_small_float_value(uint32_t code, int mbits, int bias) {
     return ldexpf(1.0f + ldexpf((float)m, -mbits), (int)e - bias);
 }
 
-/* Overflow rules follow torch's casts:
+/* Overflow rules follow torch's casts (checked against torch 2.15, tests/fixtures):
  *   f16     rounds past 65504 -> inf; NaN -> 0x7e00 | sign
- *   e4m3fn  no inf: |x| >= 480, inf and NaN -> NaN (0x7f | sign); (464, 480) rounds into the NaN code
- *   e5m2    |x| >= 65536 -> inf; NaN -> 0x7f | sign */
+ *   e4m3fn  no inf: finite overflow and inf saturate to +-448 (0x7e | sign), including the values
+ *           in (464, 480) that would round into the NaN code; NaN -> 0x7f | sign. (Older torch
+ *           releases turned |x| >= 480 and inf into NaN.)
+ *   e5m2    |x| >= 61440 rounds to inf; NaN -> 0x7f | sign */
 LUNAR_HD uint16_t lunar_f32_to_f16(float f) {
     uint32_t u = lunar_f32_bits(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
@@ -99,8 +101,9 @@ LUNAR_HD float lunar_f16_to_f32(uint16_t h) {
 
 LUNAR_HD uint8_t lunar_f32_to_f8e4m3(float f) {
     uint32_t u = lunar_f32_bits(f), sign = (u >> 24) & 0x80u, a = u & 0x7fffffffu;
-    if (a >= 0x43f00000u) return (uint8_t)(sign | 0x7fu);
-    return (uint8_t)(sign | lunar_small_float_code(a, 3, 7));
+    if (a > 0x7f800000u) return (uint8_t)(sign | 0x7fu);
+    uint32_t code = a >= 0x43f00000u ? 0x7eu : lunar_small_float_code(a, 3, 7);
+    return (uint8_t)(sign | (code > 0x7eu ? 0x7eu : code));
 }
 
 LUNAR_HD float lunar_f8e4m3_to_f32(uint8_t b) {
@@ -122,7 +125,8 @@ LUNAR_HD float lunar_f8e5m2_to_f32(uint8_t b) {
     return lunar_bits_f32(lunar_f32_bits(lunar_small_float_value(code, 2, 15)) | sign);
 }
 
-/* Saturating float8 casts (for quantisation): finite values clamp to +-max, inf to max. */
+/* Saturating float8 casts (for quantisation): finite values clamp to +-max, inf to max, NaN
+ * stays NaN. For e4m3fn this is what the plain cast does too; for e5m2 it differs (no inf). */
 LUNAR_HD uint8_t lunar_f32_to_f8e4m3_sat(float f) {
     if (f == f) f = f > 448.0f ? 448.0f : (f < -448.0f ? -448.0f : f);
     return lunar_f32_to_f8e4m3(f);
