@@ -44,9 +44,22 @@ static int colmajor_ok(const lunar_tensor *t) {
     return (r == 1 || sr == 1) && (c == 1 || sc >= (r > 1 ? r : 1));
 }
 
-/* Makes *v a view of t (sharing its storage) with the last two dims swapped. */
-static void share_transposed(lunar_tensor *v, const lunar_tensor *t) {
-    lunar_tensor_share(v, t);
+/* The views below are borrowed: plain copies of the caller's tensor structs that take no
+ * storage reference (the caller's tensors keep the storage alive for the whole call), so the
+ * per-call overhead stays small for small matrices. */
+static void borrow(lunar_tensor *v, const lunar_tensor *t) {
+    v->storage = t->storage;
+    v->dtype = t->dtype;
+    v->ndim = t->ndim;
+    v->offset = t->offset;
+    memcpy(v->shape, t->shape, sizeof v->shape);
+    memcpy(v->stride, t->stride, sizeof v->stride);
+    memcpy(v->name, t->name, sizeof v->name);
+}
+
+/* *v = t with the last two dims swapped (borrowed). */
+static void borrow_transposed(lunar_tensor *v, const lunar_tensor *t) {
+    borrow(v, t);
     int n = t->ndim;
     v->shape[n - 2] = t->shape[n - 1];
     v->shape[n - 1] = t->shape[n - 2];
@@ -63,17 +76,24 @@ static void canonical_strides(lunar_tensor *v) {
     if (n == 3 && v->shape[0] == 1) v->stride[0] = 0;
 }
 
-/* An input matrix for the backend: a row-major view of src (possibly its transpose, flipping
- * *trans), or a contiguous copy when no view fits. *view is set when a view was made (the
- * caller releases it). */
+/* Does a row-major-readable t already have those strides (so it can be passed as it is)? */
+static int is_canonical(const lunar_tensor *t) {
+    int n = t->ndim;
+    int64_t min_ld = t->shape[n - 1] > 1 ? t->shape[n - 1] : 1;
+    return t->stride[n - 1] == 1 && (t->shape[n - 2] > 1 || t->stride[n - 2] >= min_ld) &&
+           (n == 2 || t->shape[0] > 1 || t->stride[0] == 0);
+}
+
+/* An input matrix for the backend: a borrowed row-major view of src (possibly its transpose,
+ * flipping *trans), or a contiguous copy (released by prep_end) when no view fits. */
 static const lunar_tensor *gemm_input(lunar_prep *p, lunar_tensor *view, lunar_tensor *copy, const lunar_tensor *src,
                                       const char *role, lunar_dtype dt, int *trans) {
-    memset(view, 0, sizeof *view);
     if (p->st) return NULL;
     if (src->dtype == dt && rowmajor_ok(src)) {
-        lunar_tensor_share(view, src);
+        if (is_canonical(src)) return src;   /* the common case: no copy of the struct either */
+        borrow(view, src);
     } else if (src->dtype == dt && colmajor_ok(src)) {
-        share_transposed(view, src);
+        borrow_transposed(view, src);
         *trans = !*trans;
     } else {
         if (prep_in(p, copy, src, role, dt)) return NULL;
@@ -123,12 +143,14 @@ lunar_status lunar_gemm(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor *a, 
     want[wn++] = n;
     if (prep_expect_shape(&p, c, "c", wn, want)) return prep_end(&p, p.st);
     if (too_big(m) || too_big(n) || too_big(ka) || too_big(batch))
-        return prep_end(&p, p.st = LUNAR_FAIL(ctx, LUNAR_ERR_SHAPE, "gemm: dims of c '%s' or k=%lld exceed the BLAS int range",
+        return prep_end(&p, p.st = LUNAR_FAIL(ctx, LUNAR_ERR_SHAPE,
+                                              "gemm: dims of c '%s' or k=%lld exceed the BLAS int range",
                                               lunar_tensor_label(c), (long long)ka));
     if (m == 0 || n == 0 || batch == 0) return prep_end(&p, LUNAR_OK);
     if (ka == 0) {
         /* no products: c = beta * c (c is not read when beta is 0, as in BLAS) */
-        lunar_status st = beta == 0.0f ? lunar_fill(ctx, c, 0.0) : lunar_binary_scalar(ctx, c, c, beta, LUNAR_BINARY_MUL);
+        lunar_status st = beta == 0.0f ? lunar_fill(ctx, c, 0.0)
+                                       : lunar_binary_scalar(ctx, c, c, beta, LUNAR_BINARY_MUL);
         return prep_end(&p, st);
     }
 
@@ -138,17 +160,21 @@ lunar_status lunar_gemm(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor *a, 
     if (c_dt != in_dt && c_dt != LUNAR_DTYPE_F32) c_dt = LUNAR_DTYPE_F32;
 
     /* c: written in place when BLAS can address it; a transposed c swaps the product */
-    lunar_tensor cview = {0}, ccopy, aview, acopy, bview, bcopy;
+    lunar_tensor cview, ccopy, aview, acopy, bview, bcopy;
     const lunar_tensor *x = a, *y = b;
     const char *xrole = "a", *yrole = "b";
     int tx = trans_a, ty = trans_b;
     lunar_tensor *cw;
     int c_batch_ok = c->ndim == 2 || c->shape[0] == 1 || c->stride[0] != 0;
     if (c->dtype == c_dt && c_batch_ok && rowmajor_ok(c)) {
-        lunar_tensor_share(&cview, c);
-        cw = &cview;
+        if (is_canonical(c)) {
+            cw = c;
+        } else {
+            borrow(&cview, c);
+            cw = &cview;
+        }
     } else if (c->dtype == c_dt && c_batch_ok && colmajor_ok(c)) {
-        share_transposed(&cview, c);
+        borrow_transposed(&cview, c);
         cw = &cview;
         x = b; y = a;
         xrole = "b"; yrole = "a";
@@ -171,8 +197,5 @@ lunar_status lunar_gemm(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor *a, 
         }
     }
     if (!st) st = p.be->gemm(ctx, cw, xw, yw, tx, ty, alpha, beta);
-    lunar_tensor_release(ctx, &cview);
-    lunar_tensor_release(ctx, &aview);
-    lunar_tensor_release(ctx, &bview);
     return prep_end(&p, st);
 }

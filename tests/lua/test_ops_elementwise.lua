@@ -368,7 +368,8 @@ T:test('swiglu forward and backward (gradcheck eps 1e-3, rtol 1e-2, atol 1e-3)',
     local ob = ops.swiglu(gb, u)
     assert(ob:dtype() == 'bf16')
     T.close(ob, want, with_msg(BF16, 'swiglu bf16'))
-    T.raises(function() ops.swiglu(lunar.randn(3, 17), lunar.randn(3, 16)) end, "up 'tensor' has shape (3, 16), expected (3, 17)")
+    T.raises(function() ops.swiglu(lunar.randn(3, 17), lunar.randn(3, 16)) end,
+        "up 'tensor' has shape (3, 16), expected (3, 17)")
 end)
 
 T:test('masked_fill with broadcast masks, bool and u8, views, bf16, in place', function()
