@@ -1,5 +1,6 @@
 -- bench_gemm.lua: lunar.ops.gemm against cblas_sgemm called directly (through the FFI) on the
--- same buffers, same thread count. Prints GFLOP/s and the ratio; not part of ctest.
+-- same shapes and values. Prints GFLOP/s and the ratio (blas time / lunar time); not part of
+-- ctest. Timings are the best of 5 rounds; run it on an otherwise idle machine.
 --   ./build-cpu/lunar tests/bench/bench_gemm.lua
 local lunar = require 'lunar'
 local ffi = require 'ffi'
@@ -29,8 +30,8 @@ local function time(fn, reps, rounds)
     return best
 end
 
--- element pointer of a contiguous CPU f32 tensor, through a throwaway probe: the tensor's data
--- address is not exposed to Lua, so the direct calls use buffers of their own.
+-- Tensor data addresses are not exposed to Lua, so the direct calls get FFI buffers holding the
+-- same values; both sides run with the same OpenBLAS thread count.
 local threads = lunar.threads()
 ffi.C.openblas_set_num_threads(threads)
 print(('threads %d'):format(threads))
