@@ -1,13 +1,53 @@
-/* gemm.c: CPU kernels (stub: not implemented yet). */
+/* gemm.c: c = alpha * op(a) @ op(b) + beta * c on the CPU through OpenBLAS (cblas_sgemm).
+ *
+ * a, b, c are f32 row-major views (unit stride in the last dim, leading dimension in
+ * stride[ndim-2]; see backend.h), 2-D or batched 3-D. Batches run one cblas_sgemm each, except:
+ *   - a 3-D a whose batches are stacked rows (batch stride = M * lda, no trans) times a shared
+ *     2-D b is one (batch*M, K) @ (K, N) call, like a linear layer over tokens;
+ *   - many small batches run in parallel, one OpenMP thread per matrix (OpenBLAS runs single
+ *     threaded inside a parallel region), since a lone small sgemm cannot use the threads.
+ * Every matrix is computed by the same sequence of BLAS calls regardless of the thread count
+ * over batches, so results are deterministic.
+ */
+#include <cblas.h>
+
 #include "cpu.h"
 
-lunar_status lunar_cpu_gemm(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor *a, const lunar_tensor *b, int trans_a, int trans_b, float alpha, float beta) {
-    (void)c;
-    (void)a;
-    (void)b;
-    (void)trans_a;
-    (void)trans_b;
-    (void)alpha;
-    (void)beta;
-    return LUNAR_FAIL(ctx, LUNAR_ERR_UNSUPPORTED, "gemm is not implemented on the cpu backend yet");
+/* products below this many multiply-adds per matrix go one thread per matrix */
+#define GEMM_SMALL_MACS (64 * 64 * 64)
+
+static int64_t batch_stride(const lunar_tensor *t) { return t->ndim == 3 ? t->stride[0] : 0; }
+static int64_t lead_dim(const lunar_tensor *t) { return t->stride[t->ndim - 2]; }
+
+lunar_status lunar_cpu_gemm(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor *a, const lunar_tensor *b,
+                            int trans_a, int trans_b, float alpha, float beta) {
+    int threads = lunar_ctx_threads(ctx);
+    if (openblas_get_num_threads() != threads) openblas_set_num_threads(threads);
+
+    int64_t batch = c->ndim == 3 ? c->shape[0] : 1;
+    int64_t m = c->shape[c->ndim - 2], n = c->shape[c->ndim - 1];
+    int64_t k = a->shape[a->ndim - 1 - trans_a];
+    int64_t lda = lead_dim(a), ldb = lead_dim(b), ldc = lead_dim(c);
+    int64_t sa = batch_stride(a), sb = batch_stride(b), sc = batch_stride(c);
+    const float *pa = lunar_tensor_data(a), *pb = lunar_tensor_data(b);
+    float *pc = lunar_tensor_data(c);
+    enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
+
+    if (batch > 1 && sb == 0 && !trans_a && sa == m * lda && sc == m * ldc) {
+        /* stacked rows: one tall product */
+        cblas_sgemm(CblasRowMajor, ta, tb, (int)(batch * m), (int)n, (int)k, alpha, pa, (int)lda, pb, (int)ldb, beta,
+                    pc, (int)ldc);
+        return LUNAR_OK;
+    }
+    if (batch > 1 && threads > 1 && m * n * k < GEMM_SMALL_MACS) {
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < batch; i++)
+            cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)k, alpha, pa + i * sa, (int)lda, pb + i * sb,
+                        (int)ldb, beta, pc + i * sc, (int)ldc);
+        return LUNAR_OK;
+    }
+    for (int64_t i = 0; i < batch; i++)
+        cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)k, alpha, pa + i * sa, (int)lda, pb + i * sb, (int)ldb,
+                    beta, pc + i * sc, (int)ldc);
+    return LUNAR_OK;
 }

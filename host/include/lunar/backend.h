@@ -1,7 +1,8 @@
 /* backend.h: the table each device type fills in (ggml's backend interface, made for lunar).
  *
  * host/ops/ validates every call, then calls the backend with prepared tensors:
- *   - every tensor is contiguous and lives on the backend's device type;
+ *   - every tensor is contiguous (gemm takes row-major views, see its entry) and lives on the
+ *     backend's device type;
  *   - floating tensors have a dtype in the backend's `float_dtypes` mask (others were converted
  *     to f32 by the host), and all floating inputs and outputs of one call share the dtype of
  *     the first floating input, except the tensors the op documents as f32 (statistics such as
@@ -46,6 +47,14 @@ struct lunar_backend {
     lunar_status (*rng_fill)(lunar_ctx *ctx, lunar_tensor *out, lunar_rng_kind kind, uint64_t key,
                              uint64_t counter, double a, double b);
 
+    /* gemm relaxes the contiguity rule so that views reach BLAS without copies. Each of a, b, c
+     * is 2-D (R, C) or 3-D (batch, R, C) and "row-major": unit stride in the last dim and a row
+     * stride (the leading dimension, stride[ndim-2]) >= max(1, C); the batch stride is any value
+     * >= 0 for a and b (0 = the same matrix for every batch) and nonzero for c when batch > 1. A
+     * 2-D a or b with a 3-D c is shared across the batch. a and b have one dtype from
+     * float_dtypes; c has that dtype or f32. Dims and strides fit in an int; M, N, K >= 1. The
+     * host turns transposed views into flipped trans flags and copies only views with no unit
+     * stride in their last two dims. */
     lunar_status (*gemm)(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor *a, const lunar_tensor *b,
                          int trans_a, int trans_b, float alpha, float beta);
 

@@ -1,2 +1,77 @@
--- lunar.ops.gemm (stub: none yet)
-return {}
+-- lunar.ops.gemm: matrix products with f32 accumulation (OpenBLAS on CPU, cuBLAS on CUDA).
+--   gemm(a, b, {trans_a=false, trans_b=false, alpha=1, beta=0, out=})
+--       c = alpha * op(a) @ op(b) + beta * c, op(x) = x or its transpose (last two dims).
+--       a, b are 2-D or 3-D (batched over dim 1; one of them may be 2-D, shared by the batch).
+--       Without out, c is new (beta is ignored) with the inputs' dtype (f32 if they differ).
+--   matmul(a, b, {out=})   like torch.matmul for 1-D, 2-D and 3-D operands (t:matmul(b) too)
+-- Transposed and narrowed views go to BLAS without copies.
+local core = require 'lunar.core'
+local tensor = require 'lunar.tensor'
+local C = core.ops
+
+local M = {}
+
+local floats = {f32 = true, f64 = true, bf16 = true, f16 = true, f8e4m3 = true, f8e5m2 = true}
+
+local function result_dtype(a, b)
+    local da, db = a:dtype(), b:dtype()
+    if da == db and floats[da] and da ~= 'f64' and not da:match('^f8') then return da end
+    return 'f32'
+end
+
+local function shape_str(t) return '(' .. table.concat(t:size(), ', ') .. ')' end
+
+local function check_tensor(x, role, op)
+    if not tensor.is_tensor(x) then tensor.fail(('%s: %s must be a tensor, got a %s'):format(op, role, type(x))) end
+end
+
+function M.gemm(a, b, opts)
+    opts = opts or {}
+    check_tensor(a, 'a', 'gemm')
+    check_tensor(b, 'b', 'gemm')
+    local ta, tb = opts.trans_a and true or false, opts.trans_b and true or false
+    local c, beta = opts.out, opts.beta or 0
+    if not c then
+        local na, nb = a:dim(), b:dim()
+        if na < 2 or na > 3 or nb < 2 or nb > 3 then
+            tensor.fail(('gemm: a %s and b %s must be 2-dim or 3-dim'):format(shape_str(a), shape_str(b)))
+        end
+        local m = a:size(ta and na or na - 1)
+        local n = b:size(tb and nb - 1 or nb)
+        local shape = {m, n}
+        if na == 3 or nb == 3 then shape = {na == 3 and a:size(1) or b:size(1), m, n} end
+        c = core.empty(shape, result_dtype(a, b), a:device())
+        beta = 0
+    end
+    return C.gemm(c, a, b, ta, tb, opts.alpha or 1, beta)
+end
+
+-- torch.matmul for up to 3 dims: 1-D operands become a row (a) or a column (b) that is
+-- dropped from the result; 2-D @ 2-D is a plain product; a 3-D operand batches the other.
+function M.matmul(a, b, opts)
+    opts = opts or {}
+    check_tensor(a, 'a', 'matmul')
+    check_tensor(b, 'b', 'matmul')
+    local na, nb = a:dim(), b:dim()
+    if na < 1 or na > 3 or nb < 1 or nb > 3 then
+        tensor.fail(('matmul: a %s and b %s must have 1 to 3 dims'):format(shape_str(a), shape_str(b)))
+    end
+    local a2 = na == 1 and a:unsqueeze(1) or a
+    local b2 = nb == 1 and b:unsqueeze(2) or b
+    if na == 1 and nb == 1 then
+        -- dot product: (1, K) @ (K, 1) -> a 0-dim tensor
+        local c = M.gemm(a2, b2)
+        local out = c:view({})
+        if opts.out then opts.out:copy_(out) return opts.out end
+        return out
+    end
+    if na == 1 or nb == 1 then
+        local c = M.gemm(a2, b2)
+        local out = c:squeeze(na == 1 and c:dim() - 1 or c:dim())
+        if opts.out then opts.out:copy_(out) return opts.out end
+        return out
+    end
+    return M.gemm(a2, b2, {out = opts.out})
+end
+
+return M
