@@ -1,15 +1,21 @@
 /* adamw.c: one AdamW step on the CPU, in f32, following torch.optim.AdamW's single-tensor
- * update operation by operation (scalars computed in f64 and rounded to f32 as torch does):
+ * update operation by operation, with torch's roundings (scalars computed in f64 and rounded
+ * to f32; torch's CPU lerp and addcmul use one fused multiply-add):
  *     g  = grad * grad_scale
  *     p  = p * (1 - lr * wd)
- *     m  = lerp(m, g, 1 - beta1)
- *     v  = v * beta2 + (1 - beta2) * g * g
- *     p  = p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+ *     m  = lerp(m, g, 1 - beta1)                  = fma(1 - beta1, g - m, m)
+ *     v  = v * beta2 + (1 - beta2) * g * g        = fma((1 - beta2) * g, g, v * beta2)
+ *     p  = p + (-lr / (1 - beta1^t)) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
+ * The fused multiply-adds are computed as an exact f64 product plus one rounding (the machine
+ * may lack FMA), which differs from a true FMA only in rare double-rounding cases.
  * With a master copy the update reads and writes master, then param = master. Elementwise, so
  * the result does not depend on the thread count. */
 #include <math.h>
 
 #include "cpu.h"
+
+/* a * b + c with the product exact (two f32 factors fit in f64) */
+static inline float fma_f64(float a, float b, float c) { return (float)((double)a * (double)b + (double)c); }
 
 lunar_status lunar_cpu_adamw_step(lunar_ctx *ctx, lunar_tensor *param, lunar_tensor *master, lunar_tensor *m,
                                   lunar_tensor *v, const lunar_tensor *grad, const lunar_adamw_hparams *hp) {
@@ -33,11 +39,10 @@ lunar_status lunar_cpu_adamw_step(lunar_ctx *ctx, lunar_tensor *param, lunar_ten
         float g = gp[i] * gs;
         float p = src[i] * decay;
         float mi = mp[i];
-        mi = small ? mi + w1 * (g - mi) : g - (g - mi) * (1.0f - w1);   /* torch.lerp */
-        float vi = vp[i] * b2;
-        vi = vi + w2 * g * g;
+        mi = small ? fma_f64(w1, g - mi, mi) : fma_f64(w1 - 1.0f, g - mi, g);   /* torch.lerp */
+        float vi = fma_f64(w2 * g, g, vp[i] * b2);
         float denom = sqrtf(vi) / bc2_sqrt + eps;
-        p = p + step_size * (mi / denom);
+        p = p + step_size * mi / denom;
         mp[i] = mi;
         vp[i] = vi;
         src[i] = p;

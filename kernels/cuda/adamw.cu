@@ -1,5 +1,5 @@
-// adamw.cu: one AdamW step on the GPU, elementwise in f32 with the same operation order as
-// kernels/cpu/adamw.c (torch.optim.AdamW). param (TP) and grad (TG) may have different float
+// adamw.cu: one AdamW step on the GPU, elementwise in f32 with the same operations and
+// roundings as kernels/cpu/adamw.c (torch.optim.AdamW; lerp and addcmul as fused multiply-adds). param (TP) and grad (TG) may have different float
 // dtypes; m, v and master are f32. With master, the update reads and writes master and param
 // receives its rounding; without, param is f32 (checked by the host).
 #include "common.cuh"
@@ -12,11 +12,10 @@ __global__ void adamw_kernel(TP *param, float *master, float *m, float *v, const
         float g = lunar_to_f32(grad[i]) * gs;
         float p = (master ? master[i] : lunar_to_f32(param[i])) * decay;
         float mi = m[i];
-        mi = small ? mi + w1 * (g - mi) : g - (g - mi) * (1.0f - w1);   // torch.lerp
-        float vi = v[i] * b2;
-        vi = vi + w2 * g * g;
-        float denom = sqrtf(vi) / bc2_sqrt + eps;
-        p = p + step_size * (mi / denom);
+        mi = small ? __fmaf_rn(w1, g - mi, mi) : __fmaf_rn(w1 - 1.0f, g - mi, g);   // torch.lerp
+        float vi = __fmaf_rn(w2 * g, g, v[i] * b2);                                 // addcmul
+        float denom = __fdiv_rn(sqrtf(vi), bc2_sqrt) + eps;
+        p = p + __fdiv_rn(step_size * mi, denom);                                   // addcdiv
         m[i] = mi;
         v[i] = vi;
         if (master) master[i] = p;
