@@ -4,7 +4,12 @@
  * (the Lua layer gives them x's shape without the last dim). Weights and biases are (C) and
  * optional. Floating tensors of one call are handed to the backend in x's compute dtype, the
  * statistics in f32, except the accumulated parameter gradients dw and db, which keep their own
- * compute dtype (f32 gradients of bf16 activations are not rounded through bf16). */
+ * compute dtype (f32 gradients of bf16 activations are not rounded through bf16).
+ *
+ * RMSNorm is HF's Glm/DeepSeek RMSNorm: variance = mean(x^2) in f32, x * rsqrt(variance + eps),
+ * then * w. For 16-bit x, HF rounds x * rstd to x's dtype before the weight; the CUDA kernel
+ * does the same, while the CPU backend (f32 only) rounds the output once (at most one ulp of
+ * the 16-bit dtype apart). */
 #include "prep.h"
 
 /* x must be a float tensor with at least one dim; gives N rows of C channels */
