@@ -101,6 +101,7 @@ struct lunar_backend {
                                     const lunar_tensor *x, const lunar_tensor *w, float eps);
     lunar_status (*rmsnorm_backward_input)(lunar_ctx *ctx, lunar_tensor *dx, const lunar_tensor *dout,
                                            const lunar_tensor *x, const lunar_tensor *w, const lunar_tensor *rstd);
+    /* backward_params: dw (and db) keep their own float dtype (f32 gradients of bf16 activations) */
     lunar_status (*rmsnorm_backward_params)(lunar_ctx *ctx, lunar_tensor *dw, const lunar_tensor *dout,
                                             const lunar_tensor *x, const lunar_tensor *rstd);
     lunar_status (*layernorm_forward)(lunar_ctx *ctx, lunar_tensor *out, lunar_tensor *mean, lunar_tensor *rstd,
@@ -116,7 +117,10 @@ struct lunar_backend {
     lunar_status (*rope)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *x, const lunar_tensor *positions,
                          const lunar_tensor *inv_freq, lunar_rope_layout layout, float scale, int inverse);
 
-    /* gather/scatter family: the host reshapes to (outer, n, inner) around dim where it can */
+    /* gather/scatter family: the host reshapes to (outer, n, inner) around dim where it can. The
+     * tensor read from (weight, src) sets the float dtype of gathers, the accumulating one (dweight,
+     * dst) that of scatters. Index values are range-checked by the host for CPU tensors; CUDA
+     * kernels check on the device and the launcher reports the first bad one. */
     lunar_status (*embedding_forward)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *ids,
                                       const lunar_tensor *weight);
     lunar_status (*embedding_backward)(lunar_ctx *ctx, lunar_tensor *dweight, const lunar_tensor *dout,
@@ -141,6 +145,7 @@ struct lunar_backend {
     lunar_status (*causal_mask)(lunar_ctx *ctx, lunar_tensor *out, int64_t offset);
     lunar_status (*block_mask)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *cu_seqlens, int causal);
 
+    /* param and grad each keep their own float dtype (a bf16 param may have an f32 grad) */
     lunar_status (*adamw_step)(lunar_ctx *ctx, lunar_tensor *param, lunar_tensor *master, lunar_tensor *m,
                                lunar_tensor *v, const lunar_tensor *grad, const lunar_adamw_hparams *hp);
 };

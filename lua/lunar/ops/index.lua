@@ -1,2 +1,70 @@
--- lunar.ops.index (stub: none yet)
-return {}
+-- lunar.ops.index: embedding lookups, index_select / index_add_, gather / scatter_ / scatter_add_.
+--   embedding(ids, weight, {out=})              -> ids.shape + (C)
+--   embedding_backward(dweight, dout, ids)      -> dweight            (dweight += scatter of dout)
+--   index_select(src, dim, index, {out=})       -> src with size #index along dim
+--   index_add_(dst, dim, index, src, {alpha=1}) -> dst                (dst[index[j]] += alpha * src[j])
+--   gather(src, dim, index, {out=})             -> index.shape        (torch.gather)
+--   scatter_(dst, dim, index, src)              -> dst                (torch.Tensor.scatter_)
+--   scatter_add_(dst, dim, index, src)          -> dst                (torch.Tensor.scatter_add_)
+-- Index values (token ids, row ids) are 0-based, as in checkpoints; dims are 1-based (negative
+-- counts from the end). Out-of-range values raise an error naming the op, value and range.
+-- Accumulation is deterministic on the CPU. For scatter_ with repeated indices the last one
+-- in index order wins on the CPU.
+local core = require 'lunar.core'
+local tensor = require 'lunar.tensor'
+local C = core.ops
+
+local M = {}
+
+local function cdim(dim, name)
+    if type(dim) ~= 'number' or dim == 0 or dim ~= math.floor(dim) then
+        tensor.fail(('%s: dim must be a non-zero integer (dims are 1-based), got %s'):format(name, tostring(dim)))
+    end
+    return dim > 0 and dim - 1 or dim
+end
+
+function M.embedding(ids, weight, opts)
+    opts = opts or {}
+    local shape = ids:size()
+    shape[#shape + 1] = weight:dim() == 2 and weight:size(2) or 0
+    local out = opts.out or core.empty(shape, weight:dtype(), weight:device())
+    return C.embedding_forward(out, ids, weight)
+end
+
+function M.embedding_backward(dweight, dout, ids)
+    return C.embedding_backward(dweight, dout, ids)
+end
+
+function M.index_select(src, dim, index, opts)
+    opts = opts or {}
+    local d = cdim(dim, 'index_select')
+    local out = opts.out
+    if not out then
+        local shape = src:size()
+        local k = d >= 0 and d + 1 or #shape + d + 1
+        if k >= 1 and k <= #shape then shape[k] = index:numel() end
+        out = core.empty(shape, src:dtype(), src:device())
+    end
+    return C.index_select(out, src, d, index)
+end
+
+function M.index_add_(dst, dim, index, src, opts)
+    opts = opts or {}
+    return C.index_add(dst, cdim(dim, 'index_add_'), index, src, opts.alpha or 1)
+end
+
+function M.gather(src, dim, index, opts)
+    opts = opts or {}
+    local out = opts.out or core.empty(index:size(), src:dtype(), src:device())
+    return C.gather(out, src, cdim(dim, 'gather'), index)
+end
+
+function M.scatter_(dst, dim, index, src)
+    return C.scatter(dst, cdim(dim, 'scatter_'), index, src)
+end
+
+function M.scatter_add_(dst, dim, index, src)
+    return C.scatter_add(dst, cdim(dim, 'scatter_add_'), index, src)
+end
+
+return M

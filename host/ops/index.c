@@ -1,0 +1,277 @@
+/* index.c: embedding, index_select / index_add, gather / scatter / scatter_add.
+ *
+ * Index values are 0-based. An out-of-range value is an error naming the op, the value and the
+ * valid range. Where it is checked:
+ *   - CPU: here, on the host, before the kernel runs (the prepared index is i64 in host memory);
+ *   - CUDA: in the kernel, which skips bad entries and records the first bad position in a
+ *     device flag that the launcher reads back (one small synchronous copy per call), so the
+ *     op still fails with the same message and nothing is written out of bounds.
+ *
+ * Dtypes: the tensor that is read from (weight, src) sets the compute dtype of gathers; the
+ * tensor that accumulates (dweight, dst) sets it for scatters, so f32 gradients are not rounded
+ * through a bf16 input. gather/scatter follow torch: index has the data's number of dims, and
+ * the host narrows src (and dst) to index's shape in the dims other than dim before handing
+ * contiguous (outer, n, inner) tensors to the backend.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "prep.h"
+
+/* CPU only: every value of the prepared i64 index must be in [0, n), n = data->shape[dim] */
+static lunar_status check_range(lunar_prep *p, const lunar_tensor *idx, const lunar_tensor *data, const char *role,
+                                int dim) {
+    if (p->st || p->dev.type != LUNAR_DEVICE_CPU) return p->st;
+    int64_t n = data->shape[dim];
+    const int64_t *v = lunar_tensor_data(idx);
+    int64_t k = lunar_tensor_numel(idx);
+    for (int64_t i = 0; i < k; i++) {
+        if (v[i] < 0 || v[i] >= n)
+            return p->st = LUNAR_FAIL(p->ctx, LUNAR_ERR_ARG,
+                                      "%s: index %lld (at flat position %lld of the index) out of range: %s '%s' has %lld entries along dim %d (0-based), valid 0..%lld",
+                                      p->op, (long long)v[i], (long long)i, role, lunar_tensor_label(data), (long long)n,
+                                      dim, (long long)n - 1);
+    }
+    return LUNAR_OK;
+}
+
+static lunar_status shape_fail(lunar_prep *p, const char *why, const lunar_tensor *a, const char *ra,
+                               const lunar_tensor *b, const char *rb) {
+    if (p->st) return p->st;
+    char sa[128], sb[128];
+    lunar_tensor_shape_str(a, sa, sizeof sa);
+    lunar_tensor_shape_str(b, sb, sizeof sb);
+    return p->st = LUNAR_FAIL(p->ctx, LUNAR_ERR_SHAPE, "%s: %s '%s' %s and %s '%s' %s: %s", p->op, ra,
+                              lunar_tensor_label(a), sa, rb, lunar_tensor_label(b), sb, why);
+}
+
+/* ---- embedding ---------------------------------------------------------------------------- */
+
+/* out must be ids.shape + (C) */
+static lunar_status check_embedding_shapes(lunar_prep *p, const lunar_tensor *out, const char *orole,
+                                           const lunar_tensor *ids, const lunar_tensor *weight, const char *wrole) {
+    if (p->st) return p->st;
+    if (weight->ndim != 2) {
+        char a[128];
+        lunar_tensor_shape_str(weight, a, sizeof a);
+        return p->st = LUNAR_FAIL(p->ctx, LUNAR_ERR_SHAPE, "%s: %s '%s' must be 2-dim (V, C), got %s", p->op, wrole,
+                                  lunar_tensor_label(weight), a);
+    }
+    if (ids->ndim + 1 > LUNAR_MAX_DIMS) return shape_fail(p, "ids has too many dims", ids, "ids", weight, wrole);
+    int64_t want[LUNAR_MAX_DIMS];
+    for (int i = 0; i < ids->ndim; i++) want[i] = ids->shape[i];
+    want[ids->ndim] = weight->shape[1];
+    return prep_expect_shape(p, out, orole, ids->ndim + 1, want);
+}
+
+lunar_status lunar_embedding_forward(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *ids,
+                                     const lunar_tensor *weight) {
+    lunar_prep p;
+    LUNAR_TRY(prep_begin(&p, ctx, "embedding_forward", weight));
+    if (!p.be->embedding_forward) return prep_end(&p, prep_unsupported(&p));
+    prep_check(&p, out, "out");
+    prep_expect_float(&p, out, "out");
+    prep_check(&p, ids, "ids");
+    prep_expect_index(&p, ids, "ids");
+    prep_expect_float(&p, weight, "weight");
+    check_embedding_shapes(&p, out, "out", ids, weight, "weight");
+    if (p.st) return prep_end(&p, p.st);
+    lunar_dtype dt = prep_compute_dtype(&p, weight->dtype);
+    lunar_tensor iw, ww, ow;
+    prep_in(&p, &iw, ids, "ids", LUNAR_DTYPE_I64);
+    check_range(&p, &iw, weight, "weight", 0);
+    prep_in(&p, &ww, weight, "weight", dt);
+    prep_out(&p, &ow, out, "out", dt, 0);
+    if (p.st) return prep_end(&p, p.st);
+    return prep_end(&p, p.be->embedding_forward(ctx, &ow, &iw, &ww));
+}
+
+lunar_status lunar_embedding_backward(lunar_ctx *ctx, lunar_tensor *dweight, const lunar_tensor *dout,
+                                      const lunar_tensor *ids) {
+    lunar_prep p;
+    LUNAR_TRY(prep_begin(&p, ctx, "embedding_backward", dweight));
+    if (!p.be->embedding_backward) return prep_end(&p, prep_unsupported(&p));
+    prep_expect_float(&p, dweight, "dweight");
+    prep_check(&p, dout, "dout");
+    prep_expect_float(&p, dout, "dout");
+    prep_check(&p, ids, "ids");
+    prep_expect_index(&p, ids, "ids");
+    check_embedding_shapes(&p, dout, "dout", ids, dweight, "dweight");
+    if (p.st) return prep_end(&p, p.st);
+    lunar_dtype dt = prep_compute_dtype(&p, dweight->dtype);
+    lunar_tensor iw, dw, dow;
+    prep_in(&p, &iw, ids, "ids", LUNAR_DTYPE_I64);
+    check_range(&p, &iw, dweight, "dweight", 0);
+    prep_in(&p, &dow, dout, "dout", dt);
+    prep_out(&p, &dw, dweight, "dweight", dt, 1);
+    if (p.st) return prep_end(&p, p.st);
+    return prep_end(&p, p.be->embedding_backward(ctx, &dw, &dow, &iw));
+}
+
+/* ---- index_select / index_add --------------------------------------------------------------- */
+
+/* other must be data's shape with dim replaced by numel(index); index 1-dim */
+static lunar_status check_index_dim(lunar_prep *p, const lunar_tensor *data, const char *rdata, int *dim,
+                                    const lunar_tensor *index, const lunar_tensor *other, const char *rother) {
+    if (p->st) return p->st;
+    if (data->ndim < 1) return shape_fail(p, "data must have at least 1 dim", data, rdata, index, "index");
+    if (prep_dim(p, data, rdata, dim)) return p->st;
+    if (index->ndim != 1) return shape_fail(p, "index must be 1-dim", index, "index", data, rdata);
+    int64_t want[LUNAR_MAX_DIMS];
+    memcpy(want, data->shape, sizeof want);
+    want[*dim] = index->shape[0];
+    return prep_expect_shape(p, other, rother, data->ndim, want);
+}
+
+lunar_status lunar_index_select(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *src, int dim,
+                                const lunar_tensor *index) {
+    lunar_prep p;
+    LUNAR_TRY(prep_begin(&p, ctx, "index_select", src));
+    if (!p.be->index_select) return prep_end(&p, prep_unsupported(&p));
+    prep_expect_float(&p, src, "src");
+    prep_check(&p, out, "out");
+    prep_expect_float(&p, out, "out");
+    prep_check(&p, index, "index");
+    prep_expect_index(&p, index, "index");
+    check_index_dim(&p, src, "src", &dim, index, out, "out");
+    if (p.st) return prep_end(&p, p.st);
+    int64_t outer, n, inner;
+    prep_split_dim(src, dim, &outer, &n, &inner);
+    lunar_dtype dt = prep_compute_dtype(&p, src->dtype);
+    lunar_tensor iw, sw, ow;
+    prep_in(&p, &iw, index, "index", LUNAR_DTYPE_I64);
+    check_range(&p, &iw, src, "src", dim);
+    prep_in(&p, &sw, src, "src", dt);
+    prep_out(&p, &ow, out, "out", dt, 0);
+    if (p.st) return prep_end(&p, p.st);
+    return prep_end(&p, p.be->index_select(ctx, &ow, &sw, &iw, outer, n, inner));
+}
+
+lunar_status lunar_index_add(lunar_ctx *ctx, lunar_tensor *dst, int dim, const lunar_tensor *index,
+                             const lunar_tensor *src, double alpha) {
+    lunar_prep p;
+    LUNAR_TRY(prep_begin(&p, ctx, "index_add", dst));
+    if (!p.be->index_add) return prep_end(&p, prep_unsupported(&p));
+    prep_expect_float(&p, dst, "dst");
+    prep_check(&p, src, "src");
+    prep_expect_float(&p, src, "src");
+    prep_check(&p, index, "index");
+    prep_expect_index(&p, index, "index");
+    check_index_dim(&p, dst, "dst", &dim, index, src, "src");
+    if (p.st) return prep_end(&p, p.st);
+    int64_t outer, n, inner;
+    prep_split_dim(dst, dim, &outer, &n, &inner);
+    lunar_dtype dt = prep_compute_dtype(&p, dst->dtype);
+    lunar_tensor iw, sw, dw;
+    prep_in(&p, &iw, index, "index", LUNAR_DTYPE_I64);
+    check_range(&p, &iw, dst, "dst", dim);
+    prep_in(&p, &sw, src, "src", dt);
+    prep_out(&p, &dw, dst, "dst", dt, 1);
+    if (p.st) return prep_end(&p, p.st);
+    return prep_end(&p, p.be->index_add(ctx, &dw, &iw, &sw, alpha, outer, n, inner));
+}
+
+/* ---- gather / scatter --------------------------------------------------------------------- */
+
+/* index must have data's ndim and, in every dim (other than dim when skip_dim), a size <= data's */
+static lunar_status check_like_index(lunar_prep *p, const lunar_tensor *index, const lunar_tensor *data,
+                                     const char *rdata, int dim, int skip_dim) {
+    if (p->st) return p->st;
+    if (index->ndim != data->ndim)
+        return shape_fail(p, "index must have as many dims as the data", index, "index", data, rdata);
+    for (int d = 0; d < data->ndim; d++) {
+        if (skip_dim && d == dim) continue;
+        if (index->shape[d] > data->shape[d]) {
+            char why[160];
+            snprintf(why, sizeof why, "index is larger than %s in dim %d (%lld > %lld)", rdata, d,
+                     (long long)index->shape[d], (long long)data->shape[d]);
+            return shape_fail(p, why, index, "index", data, rdata);
+        }
+    }
+    return LUNAR_OK;
+}
+
+/* view = t narrowed to index's shape in every dim except `dim` (all dims when dim < 0) */
+static lunar_status narrow_to(lunar_prep *p, lunar_tensor *view, const lunar_tensor *t, const lunar_tensor *index,
+                              int dim) {
+    memset(view, 0, sizeof *view);
+    if (p->st) return p->st;
+    lunar_tensor_share(view, t);
+    for (int d = 0; d < t->ndim; d++) {
+        if (d == dim || view->shape[d] == index->shape[d]) continue;
+        view->shape[d] = index->shape[d];   /* a narrow from 0 only changes the size */
+    }
+    return LUNAR_OK;
+}
+
+lunar_status lunar_gather(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *src, int dim,
+                          const lunar_tensor *index) {
+    lunar_prep p;
+    LUNAR_TRY(prep_begin(&p, ctx, "gather", src));
+    if (!p.be->gather) return prep_end(&p, prep_unsupported(&p));
+    prep_expect_float(&p, src, "src");
+    prep_check(&p, out, "out");
+    prep_expect_float(&p, out, "out");
+    prep_check(&p, index, "index");
+    prep_expect_index(&p, index, "index");
+    if (!p.st && src->ndim < 1) shape_fail(&p, "src must have at least 1 dim", src, "src", index, "index");
+    prep_dim(&p, src, "src", &dim);
+    check_like_index(&p, index, src, "src", dim, 1);
+    if (!p.st) prep_expect_shape(&p, out, "out", index->ndim, index->shape);
+    if (p.st) return prep_end(&p, p.st);
+    int64_t outer, n_idx, inner, n_data = src->shape[dim];
+    prep_split_dim(index, dim, &outer, &n_idx, &inner);
+    lunar_dtype dt = prep_compute_dtype(&p, src->dtype);
+    lunar_tensor sv, iw, sw, ow;
+    narrow_to(&p, &sv, src, index, dim);
+    prep_in(&p, &iw, index, "index", LUNAR_DTYPE_I64);
+    check_range(&p, &iw, src, "src", dim);
+    prep_in(&p, &sw, &sv, "src", dt);
+    prep_out(&p, &ow, out, "out", dt, 0);
+    lunar_status st = p.st ? p.st : p.be->gather(ctx, &ow, &sw, &iw, outer, n_data, n_idx, inner);
+    st = prep_end(&p, st);
+    lunar_tensor_release(ctx, &sv);
+    return st;
+}
+
+static lunar_status scatter_impl(lunar_ctx *ctx, const char *op, lunar_tensor *dst, int dim,
+                                 const lunar_tensor *index, const lunar_tensor *src, int accumulate) {
+    lunar_prep p;
+    LUNAR_TRY(prep_begin(&p, ctx, op, dst));
+    if (!p.be->scatter) return prep_end(&p, prep_unsupported(&p));
+    prep_expect_float(&p, dst, "dst");
+    prep_check(&p, src, "src");
+    prep_expect_float(&p, src, "src");
+    prep_check(&p, index, "index");
+    prep_expect_index(&p, index, "index");
+    if (!p.st && dst->ndim < 1) shape_fail(&p, "dst must have at least 1 dim", dst, "dst", index, "index");
+    prep_dim(&p, dst, "dst", &dim);
+    check_like_index(&p, index, dst, "dst", dim, 1);
+    check_like_index(&p, index, src, "src", dim, 0);
+    if (p.st) return prep_end(&p, p.st);
+    int64_t outer, n_idx, inner, n_data = dst->shape[dim];
+    prep_split_dim(index, dim, &outer, &n_idx, &inner);
+    lunar_dtype dt = prep_compute_dtype(&p, dst->dtype);
+    lunar_tensor dv, sv, iw, sw, dw;
+    narrow_to(&p, &dv, dst, index, dim);
+    narrow_to(&p, &sv, src, index, -1);
+    prep_in(&p, &iw, index, "index", LUNAR_DTYPE_I64);
+    check_range(&p, &iw, dst, "dst", dim);
+    prep_in(&p, &sw, &sv, "src", dt);
+    prep_out(&p, &dw, &dv, "dst", dt, 1);
+    lunar_status st = p.st ? p.st : p.be->scatter(ctx, &dw, &iw, &sw, outer, n_data, n_idx, inner, accumulate);
+    st = prep_end(&p, st);
+    lunar_tensor_release(ctx, &dv);
+    lunar_tensor_release(ctx, &sv);
+    return st;
+}
+
+lunar_status lunar_scatter(lunar_ctx *ctx, lunar_tensor *dst, int dim, const lunar_tensor *index,
+                           const lunar_tensor *src) {
+    return scatter_impl(ctx, "scatter", dst, dim, index, src, 0);
+}
+
+lunar_status lunar_scatter_add(lunar_ctx *ctx, lunar_tensor *dst, int dim, const lunar_tensor *index,
+                               const lunar_tensor *src) {
+    return scatter_impl(ctx, "scatter_add", dst, dim, index, src, 1);
+}
