@@ -716,6 +716,9 @@ lunar_status lunar_comm_all_to_all(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *
         return FAILC(ctx, LUNAR_ERR_SHAPE, c, name, "recv counts add up to %lld rows but out %s has %lld",
                      (long long)recv_total, a, (long long)out->shape[0]);
     }
+    if (send_rows[c->rank] != recv_rows[c->rank])
+        return FAILC(ctx, LUNAR_ERR_SHAPE, c, name, "rank %d sends %lld rows to itself but expects %lld", c->rank,
+                     (long long)send_rows[c->rank], (long long)recv_rows[c->rank]);
     int64_t sig[SIG_N];
     sig_make(sig, K_ALL_TO_ALL, in, 1, -1);
     LUNAR_TRY(sig_check(ctx, c, name, sig));
