@@ -93,7 +93,7 @@ extern "C" int lunar_nccl_device(const lunar_nccl *n) { return n->device; }
 
 extern "C" lunar_status lunar_nccl_all_reduce(lunar_ctx *ctx, lunar_nccl *n, lunar_tensor *t, lunar_comm_op op) {
     cudaStream_t stream;
-    ncclDataType_t type;
+    ncclDataType_t type = ncclFloat32;
     LUNAR_TRY(nccl_reduce_type(ctx, t->dtype, &type));
     LUNAR_TRY(lunar_cuda_stream_for(ctx, t, &stream));
     void *p = lunar_tensor_data(t);
@@ -115,7 +115,7 @@ extern "C" lunar_status lunar_nccl_all_gather(lunar_ctx *ctx, lunar_nccl *n, lun
 extern "C" lunar_status lunar_nccl_reduce_scatter(lunar_ctx *ctx, lunar_nccl *n, lunar_tensor *out,
                                                   const lunar_tensor *in, lunar_comm_op op) {
     cudaStream_t stream;
-    ncclDataType_t type;
+    ncclDataType_t type = ncclFloat32;
     LUNAR_TRY(nccl_reduce_type(ctx, in->dtype, &type));
     LUNAR_TRY(lunar_cuda_stream_for(ctx, in, &stream));
     LUNAR_NCCL_CHECK(ctx, n->comm,
