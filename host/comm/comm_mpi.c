@@ -417,7 +417,7 @@ lunar_status lunar_comm_init_world(lunar_ctx *ctx, lunar_comm **out) {
         }
     }
     if (rc != MPI_SUCCESS) {
-        lunar_status st = mpi_status(ctx, rc, c, "lunar.dist.init", "MPI_Comm_dup of MPI_COMM_WORLD");
+        lunar_status st = mpi_status(ctx, rc, c, "lunar.dist.init", "setting up the world communicator");
         lunar_comm_free(ctx, c);
         return st;
     }
@@ -552,7 +552,7 @@ static lunar_status nccl_for(lunar_ctx *ctx, lunar_comm *c, const lunar_tensor *
 /* ---- collectives ----------------------------------------------------------------------------- */
 
 lunar_status lunar_comm_all_reduce(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *t, lunar_comm_op op) {
-    static const char *name = "all_reduce";
+    const char *name = "all_reduce";
     LUNAR_TRY(check_tensor(ctx, c, name, "tensor", t));
     LUNAR_TRY(check_reduce(ctx, c, name, t, op));
     int64_t sig[SIG_N];
@@ -583,7 +583,7 @@ lunar_status lunar_comm_all_reduce(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *
 }
 
 lunar_status lunar_comm_all_gather(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *out, const lunar_tensor *in) {
-    static const char *name = "all_gather";
+    const char *name = "all_gather";
     LUNAR_TRY(check_pair(ctx, c, name, out, in));
     if (out->shape[0] != (int64_t)c->size * in->shape[0]) {
         char a[256], b[256];
@@ -621,7 +621,7 @@ lunar_status lunar_comm_all_gather(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *
 
 lunar_status lunar_comm_reduce_scatter(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *out, const lunar_tensor *in,
                                        lunar_comm_op op) {
-    static const char *name = "reduce_scatter";
+    const char *name = "reduce_scatter";
     LUNAR_TRY(check_pair(ctx, c, name, out, in));
     LUNAR_TRY(check_reduce(ctx, c, name, in, op));
     if (in->shape[0] % c->size != 0 || out->shape[0] != in->shape[0] / c->size) {
@@ -664,7 +664,7 @@ lunar_status lunar_comm_reduce_scatter(lunar_ctx *ctx, lunar_comm *c, lunar_tens
 }
 
 lunar_status lunar_comm_broadcast(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *t, int root) {
-    static const char *name = "broadcast";
+    const char *name = "broadcast";
     LUNAR_TRY(check_tensor(ctx, c, name, "tensor", t));
     if (root < 0 || root >= c->size)
         return FAILC(ctx, LUNAR_ERR_ARG, c, name, "root %d is not a rank of the group (0..%d)", root, c->size - 1);
@@ -696,7 +696,7 @@ lunar_status lunar_comm_broadcast(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *t
 
 lunar_status lunar_comm_all_to_all(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *out, const lunar_tensor *in,
                                    const int64_t *send_rows, const int64_t *recv_rows) {
-    static const char *name = "all_to_all";
+    const char *name = "all_to_all";
     LUNAR_TRY(check_pair(ctx, c, name, out, in));
     int64_t send_total = 0, recv_total = 0;
     for (int j = 0; j < c->size; j++) {

@@ -207,9 +207,11 @@ static int64_t *check_counts(lua_State *L, int idx, int n, const char *what, con
     int64_t *v = lua_newuserdata(L, (size_t)(n > 0 ? n : 1) * sizeof *v);
     for (int i = 0; i < n; i++) {
         lua_rawgeti(L, idx, i + 1);
+        if (lua_type(L, -1) != LUA_TNUMBER)
+            lunar_lua_error(L, "all_to_all: %s[%d] is a %s, not a row count", what, i + 1, luaL_typename(L, -1));
         double x = lua_tonumber(L, -1);
-        if (!lua_isnumber(L, -1) || x < 0 || x != (double)(int64_t)x)
-            lunar_lua_error(L, "all_to_all: %s[%d] is %s, not a row count", what, i + 1, luaL_typename(L, -1));
+        if (!(x >= 0 && x < 9.0e15) || x != (double)(int64_t)x)
+            lunar_lua_error(L, "all_to_all: %s[%d] is %g, not a row count", what, i + 1, x);
         v[i] = (int64_t)x;
         lua_pop(L, 1);
     }
