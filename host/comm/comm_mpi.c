@@ -144,10 +144,23 @@ static lunar_status check_tensor(lunar_ctx *ctx, const lunar_comm *c, const char
     return st;
 }
 
+/* Tensors written by a collective: an expanded view (stride 0) cannot take different values. */
+static lunar_status check_writable(lunar_ctx *ctx, const lunar_comm *c, const char *op, const char *role,
+                                   const lunar_tensor *t) {
+    for (int i = 0; i < t->ndim; i++)
+        if (t->stride[i] == 0 && t->shape[i] > 1) {
+            char a[256];
+            describe(t, a, sizeof a);
+            return FAILC(ctx, LUNAR_ERR_ARG, c, op, "%s %s is an expanded view and cannot be written", role, a);
+        }
+    return LUNAR_OK;
+}
+
 static lunar_status check_pair(lunar_ctx *ctx, const lunar_comm *c, const char *op, const lunar_tensor *out,
                                const lunar_tensor *in) {
     LUNAR_TRY(check_tensor(ctx, c, op, "out", out));
     LUNAR_TRY(check_tensor(ctx, c, op, "in", in));
+    LUNAR_TRY(check_writable(ctx, c, op, "out", out));
     char a[256], b[256];
     describe(out, a, sizeof a);
     describe(in, b, sizeof b);
@@ -554,6 +567,7 @@ static lunar_status nccl_for(lunar_ctx *ctx, lunar_comm *c, const lunar_tensor *
 lunar_status lunar_comm_all_reduce(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *t, lunar_comm_op op) {
     const char *name = "all_reduce";
     LUNAR_TRY(check_tensor(ctx, c, name, "tensor", t));
+    LUNAR_TRY(check_writable(ctx, c, name, "tensor", t));
     LUNAR_TRY(check_reduce(ctx, c, name, t, op));
     int64_t sig[SIG_N];
     sig_make(sig, K_ALL_REDUCE, t, 0, op);
@@ -666,6 +680,7 @@ lunar_status lunar_comm_reduce_scatter(lunar_ctx *ctx, lunar_comm *c, lunar_tens
 lunar_status lunar_comm_broadcast(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *t, int root) {
     const char *name = "broadcast";
     LUNAR_TRY(check_tensor(ctx, c, name, "tensor", t));
+    LUNAR_TRY(check_writable(ctx, c, name, "tensor", t));
     if (root < 0 || root >= c->size)
         return FAILC(ctx, LUNAR_ERR_ARG, c, name, "root %d is not a rank of the group (0..%d)", root, c->size - 1);
     int64_t sig[SIG_N];
@@ -810,6 +825,7 @@ static lunar_status p2p(lunar_ctx *ctx, lunar_comm *c, const char *name, lunar_t
                         const lunar_tensor *send, int dst) {
     if (send) LUNAR_TRY(check_tensor(ctx, c, name, "send tensor", send));
     if (recv) LUNAR_TRY(check_tensor(ctx, c, name, "recv tensor", recv));
+    if (recv) LUNAR_TRY(check_writable(ctx, c, name, "recv tensor", recv));
     if (send) LUNAR_TRY(check_peer(ctx, c, name, "destination", dst));
     if (recv) LUNAR_TRY(check_peer(ctx, c, name, "source", src));
     if (send && recv && !lunar_device_equal(lunar_tensor_device(send), lunar_tensor_device(recv))) {

@@ -34,8 +34,8 @@ T:test('init: ranks, sizes, MPI world', function()
     check(tostring(w):find("group 'world' (rank " .. R .. " of 4)", 1, true), 'tostring ' .. tostring(w))
 end)
 
-T:test('all_reduce sum/avg/max/min f32, sizes 1, 3, 17', function()
-    for _, n in ipairs({1, 3, 17}) do
+T:test('all_reduce sum/avg/max/min f32, sizes 1, 3, 17, 1000', function()
+    for _, n in ipairs({1, 3, 17, 1000}) do
         for _, op in ipairs({'sum', 'avg', 'max', 'min'}) do
             local t = filled(R, n)
             local out = d.all_reduce(t, {op = op})
@@ -136,6 +136,17 @@ T:test('all_gather concatenates along dim 1 in rank order (f32, bf16, i64, views
     end
     local one = d.all_gather(lunar.tensor({R}))
     T.equal(values(one), {0, 1, 2, 3}, '1-element rows')
+    -- 1000 rows, and an expanded (stride 0) input
+    local big = d.all_gather(lunar.arange(R * 1000, R * 1000 + 1000))
+    T.equal(big:size(), {4000}, '1000 rows')
+    local wb = {}
+    for i = 1, 4000 do wb[i] = i - 1 end
+    T.equal(values(big), wb, '1000 rows values')
+    local ex = lunar.tensor({{R, -R}}):expand(3, 2)
+    local gx = d.all_gather(ex)
+    local wx = {}
+    for r = 0, N - 1 do for _ = 1, 3 do wx[#wx + 1] = r; wx[#wx + 1] = -r end end
+    T.equal(values(gx), wx, 'expanded input')
 end)
 
 T:test('reduce_scatter sum/avg keeps this rank\'s rows (f32, bf16, strided)', function()
@@ -295,6 +306,9 @@ T:test('local errors name the op, the group and the shapes', function()
         'send counts add up to 4 rows')
     T.raises(function() d.all_reduce(lunar.zeros(3), {group = 'tp'}) end, 'group must be a process group')
     T.raises(function() d.all_reduce(42) end, 'must be a tensor')
+    T.raises(function() d.all_reduce(lunar.zeros(1, 3):expand(2, 3)) end, 'is an expanded view and cannot be written')
+    T.raises(function() d.broadcast(lunar.zeros(1, 3):expand(2, 3)) end, 'is an expanded view')
+    T.raises(function() d.all_gather(lunar.zeros(1, 3), {out = lunar.zeros(1, 3):expand(4, 3)}) end, 'is an expanded view')
     local dead = lunar.zeros(3)
     dead:free()
     T.raises(function() d.all_reduce(dead) end, 'free')
