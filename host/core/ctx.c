@@ -85,6 +85,12 @@ void lunar_ctx_set_threads(lunar_ctx *ctx, int n) {
 #endif
 }
 
+int lunar_ctx_default_cuda_device(const lunar_ctx *ctx) { return ctx->default_cuda; }
+
+void lunar_ctx_set_default_cuda_device(lunar_ctx *ctx, int index) {
+    ctx->default_cuda = (index >= 0 && index < LUNAR_MAX_CUDA_DEVICES) ? index : 0;
+}
+
 const lunar_backend *lunar_ctx_backend(const lunar_ctx *ctx, int device_type) {
     if (device_type < 0 || device_type >= LUNAR_DEVICE_TYPE_COUNT) return NULL;
     return ctx->backends[device_type];

@@ -17,6 +17,7 @@ struct lunar_ctx {
     char          err_where[256];
     lunar_status  err_status;
     int           threads;
+    int           default_cuda;   /* index that "cuda" means (lunar.dist sets the local rank's) */
     const lunar_backend *backends[LUNAR_DEVICE_TYPE_COUNT];
     void         *backend_state[LUNAR_DEVICE_TYPE_COUNT];
     lunar_pool   *cpu_pool;

@@ -59,6 +59,11 @@ void         lunar_ctx_prefix_error(lunar_ctx *ctx, const char *fmt, ...) __attr
 int  lunar_ctx_threads(const lunar_ctx *ctx);
 void lunar_ctx_set_threads(lunar_ctx *ctx, int n);
 
+/* The CUDA device that a bare "cuda" names in the Lua API (default 0; lunar.dist.init sets it
+ * to the local rank, modulo the device count, when CUDA devices exist). */
+int  lunar_ctx_default_cuda_device(const lunar_ctx *ctx);
+void lunar_ctx_set_default_cuda_device(lunar_ctx *ctx, int index);
+
 /* The backend that runs ops on a device type; NULL when that backend was not built. */
 const lunar_backend *lunar_ctx_backend(const lunar_ctx *ctx, int device_type);
 /* Backend-private state (the CUDA backend keeps streams and cuBLAS handles here). */
