@@ -1,0 +1,189 @@
+/* bench_cpu.c: CPU benchmarks of lunar's op path, reported as ratios measured in the same run.
+ *
+ *   GEMM      lunar_gemm (host checks + layout + OpenBLAS) vs cblas_sgemm called directly, on the
+ *             shapes of a small GLM-5 layer: tokens M in 512..4096, hidden C in 256..2048, for
+ *             the forward (X W^T), the input gradient (dY W) and the weight gradient (dY^T X).
+ *   memory    STREAM triad (a = b + s*c) with the same threads, as the bandwidth limit; then
+ *             rmsnorm forward, softmax forward and an elementwise add, each as GB/s moved and
+ *             as a fraction of triad.
+ *
+ * Not a test: it prints numbers. Run: ./build/tests/bench/bench_cpu [--quick]
+ * Each measurement is the median of several repetitions after a warm-up (first touch of memory
+ * is slow on the development VM), lunar and the reference alternating so drift hits both.
+ */
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "lunar/ops.h"
+#include "lunar/rng.h"
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static const lunar_device CPU = {LUNAR_DEVICE_CPU, 0};
+
+static void check(lunar_ctx *ctx, lunar_status st, const char *what) {
+    if (st != LUNAR_OK) {
+        fprintf(stderr, "bench: %s: %s\n", what, lunar_ctx_error(ctx));
+        exit(1);
+    }
+}
+
+static void make(lunar_ctx *ctx, lunar_tensor *t, int64_t r, int64_t c, lunar_rng *rng) {
+    int64_t shape[2] = {r, c};
+    check(ctx, lunar_tensor_new(ctx, t, LUNAR_DTYPE_F32, CPU, 2, shape), "alloc");
+    check(ctx, lunar_rng_normal(ctx, t, rng, 0, 1), "randn");
+}
+
+/* one GEMM case: C (M, N) = op(A) op(B); returns lunar time / direct time */
+static double bench_gemm(lunar_ctx *ctx, const char *label, int64_t M, int64_t N, int64_t K, int ta, int tb, int reps,
+                         lunar_rng *rng) {
+    lunar_tensor a = {0}, b = {0}, c = {0}, at = {0}, bt = {0};
+    make(ctx, &a, ta ? K : M, ta ? M : K, rng);
+    make(ctx, &b, tb ? N : K, tb ? K : N, rng);
+    make(ctx, &c, M, N, rng);
+    /* lunar sees A^T as a transposed view when ta, as a module's backward would pass it */
+    check(ctx, lunar_tensor_transpose(ctx, &at, &a, 0, 1), "transpose");
+    check(ctx, lunar_tensor_transpose(ctx, &bt, &b, 0, 1), "transpose");
+    const lunar_tensor *la = ta ? &at : &a, *lb = tb ? &bt : &b;
+    double tl[64], td[64];
+    for (int r = -1; r < reps; r++) {
+        double t0 = now();
+        check(ctx, lunar_gemm(ctx, &c, la, lb, 0, 0, 1.0f, 0.0f), "lunar_gemm");
+        double t1 = now();
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
+                    1.0f, lunar_tensor_data(&a), (int)a.shape[1], lunar_tensor_data(&b), (int)b.shape[1], 0.0f,
+                    lunar_tensor_data(&c), (int)N);
+        double t2 = now();
+        if (r >= 0) { tl[r] = t1 - t0; td[r] = t2 - t1; }
+    }
+    double ml = median(tl, reps), md = median(td, reps);
+    double flop = 2.0 * (double)M * (double)N * (double)K;
+    printf("  %-6s M=%-5lld N=%-5lld K=%-5lld  lunar %7.1f GFLOP/s  openblas %7.1f GFLOP/s  ratio %.3f\n", label,
+           (long long)M, (long long)N, (long long)K, flop / ml * 1e-9, flop / md * 1e-9, md / ml);
+    lunar_tensor *all[] = {&a, &b, &c, &at, &bt};
+    for (int i = 0; i < 5; i++) lunar_tensor_release(ctx, all[i]);
+    return md / ml;
+}
+
+static double triad_gbs(int64_t n, int reps) {
+    float *a = malloc((size_t)n * 4), *b = malloc((size_t)n * 4), *c = malloc((size_t)n * 4);
+    if (!a || !b || !c) { fprintf(stderr, "bench: out of memory\n"); exit(1); }
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) { a[i] = 0; b[i] = 1; c[i] = 2; }
+    double best = 0;
+    for (int r = 0; r < reps; r++) {
+        double t0 = now();
+#pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) a[i] = b[i] + 3.0f * c[i];
+        double gbs = 3.0 * 4.0 * (double)n / (now() - t0) * 1e-9;
+        if (gbs > best) best = gbs;
+    }
+    volatile float sink = a[n / 2];
+    (void)sink;
+    free(a);
+    free(b);
+    free(c);
+    return best;
+}
+
+typedef enum { K_RMSNORM, K_SOFTMAX, K_ADD } mem_kernel;
+
+static double bench_mem(lunar_ctx *ctx, mem_kernel k, int64_t rows, int64_t cols, int reps, lunar_rng *rng) {
+    lunar_tensor x = {0}, y = {0}, out = {0}, w = {0}, rstd = {0};
+    make(ctx, &x, rows, cols, rng);
+    make(ctx, &y, rows, cols, rng);
+    make(ctx, &out, rows, cols, rng);
+    int64_t wc[1] = {cols}, rr[1] = {rows};
+    check(ctx, lunar_tensor_new(ctx, &w, LUNAR_DTYPE_F32, CPU, 1, wc), "alloc");
+    check(ctx, lunar_fill(ctx, &w, 1.0), "fill");
+    check(ctx, lunar_tensor_new(ctx, &rstd, LUNAR_DTYPE_F32, CPU, 1, rr), "alloc");
+    double best = 0, bytes = 0;
+    for (int r = -1; r < reps; r++) {
+        double t0 = now();
+        switch (k) {
+        case K_RMSNORM:
+            check(ctx, lunar_rmsnorm_forward(ctx, &out, &rstd, &x, &w, 1e-5f), "rmsnorm");
+            bytes = 2.0 * 4.0 * (double)(rows * cols);
+            break;
+        case K_SOFTMAX:
+            check(ctx, lunar_softmax_forward(ctx, &out, &x), "softmax");
+            bytes = 2.0 * 4.0 * (double)(rows * cols);
+            break;
+        case K_ADD:
+            check(ctx, lunar_binary(ctx, &out, &x, &y, LUNAR_BINARY_ADD), "add");
+            bytes = 3.0 * 4.0 * (double)(rows * cols);
+            break;
+        }
+        double gbs = bytes / (now() - t0) * 1e-9;
+        if (r >= 0 && gbs > best) best = gbs;
+    }
+    lunar_tensor *all[] = {&x, &y, &out, &w, &rstd};
+    for (int i = 0; i < 5; i++) lunar_tensor_release(ctx, all[i]);
+    return best;
+}
+
+int main(int argc, char **argv) {
+    int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+    lunar_ctx *ctx;
+    if (lunar_ctx_init(&ctx) != LUNAR_OK) return 1;
+    int threads = lunar_ctx_threads(ctx);
+    openblas_set_num_threads(threads);
+    const char *core = getenv("OPENBLAS_CORETYPE");
+    printf("lunar CPU benchmark: %d threads, OPENBLAS_CORETYPE=%s\n", threads, core ? core : "(unset)");
+    lunar_rng rng;
+    lunar_rng_seed(&rng, 1);
+
+    printf("GEMM (lunar_gemm vs cblas_sgemm, median of repetitions; ratio = openblas time / lunar time)\n");
+    int64_t Ms[] = {512, 1024, 2048, 4096}, Cs[] = {256, 512, 1024, 2048};
+    double worst = 1e9, sum = 0;
+    int n = 0;
+    for (int i = 0; i < 4; i++) {
+        for (int j = 0; j < 4; j++) {
+            int64_t M = Ms[i], C = Cs[j];
+            if (quick && (M > 1024 || C > 1024)) continue;
+            double flop = 2.0 * M * C * C;
+            int reps = flop > 8e9 ? 3 : (flop > 1e9 ? 5 : 9);
+            double r1 = bench_gemm(ctx, "fwd", M, C, C, 0, 1, reps, &rng);   /* Y = X W^T */
+            double r2 = bench_gemm(ctx, "dgrad", M, C, C, 0, 0, reps, &rng); /* dX = dY W */
+            double r3 = bench_gemm(ctx, "wgrad", C, C, M, 1, 0, reps, &rng); /* dW = dY^T X */
+            double rs[3] = {r1, r2, r3};
+            for (int k = 0; k < 3; k++) { if (rs[k] < worst) worst = rs[k]; sum += rs[k]; n++; }
+        }
+    }
+    printf("GEMM summary: mean ratio %.3f, worst %.3f over %d shapes (floor: >= 0.90)\n", sum / n, worst, n);
+
+    int64_t big = quick ? (1 << 22) : (1 << 24);
+    double triad = triad_gbs(big, 10);
+    printf("memory: triad %.1f GB/s (3 x %lld MiB arrays, best of 10)\n", triad, (long long)(big * 4 >> 20));
+    int64_t rows = quick ? 1024 : 4096, cols = 2048;
+    double rms = bench_mem(ctx, K_RMSNORM, rows, cols, 10, &rng);
+    double sm = bench_mem(ctx, K_SOFTMAX, rows, cols, 10, &rng);
+    double add = bench_mem(ctx, K_ADD, rows, cols, 10, &rng);
+    printf("  rmsnorm fwd (%lldx%lld f32)  %6.1f GB/s  = %.2f of triad (floor 0.50)\n", (long long)rows, (long long)cols,
+           rms, rms / triad);
+    printf("  softmax fwd (%lldx%lld f32)  %6.1f GB/s  = %.2f of triad (floor 0.50)\n", (long long)rows, (long long)cols,
+           sm, sm / triad);
+    printf("  add (%lldx%lld f32)          %6.1f GB/s  = %.2f of triad\n", (long long)rows, (long long)cols, add,
+           add / triad);
+    lunar_ctx_free(ctx);
+    return 0;
+}
