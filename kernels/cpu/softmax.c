@@ -1,28 +1,119 @@
 /* softmax.c: softmax, log-softmax and fused cross-entropy over the last dim on the CPU.
  *
  * Rows are independent (one OpenMP iteration each). Every row subtracts its max before
- * exponentiating (expf, f32), and sums the exponentials in f64 in index order, so results do not
- * depend on the thread count. Each element of the input is read before the output at the same
- * position is written, so the output may alias the input. Log-probabilities are formed as
- * (x - max) - log(sum), which keeps them accurate for large logits.
+ * exponentiating. The exponential is lunar_expf_upto88 (vecmath.h), which vectorises; sums run
+ * in 16 lanes (f32 within blocks of 256 elements, f64 across blocks) combined in a fixed order,
+ * so a row's result does not depend on the thread count. Each element of the input is read
+ * before the output at the same position is written, so the output may alias the input.
+ * Log-probabilities are formed as (x - max) - log(sum), which keeps them accurate for large
+ * logits. NaN anywhere in a row makes the whole row NaN, as in torch.
  */
 #include <math.h>
 
 #include "cpu.h"
+#include "vecmath.h"
 
-static float row_max(const float *x, int64_t v) {
-    float m = -INFINITY;
-    for (int64_t j = 0; j < v; j++) {
-        if (x[j] != x[j]) return x[j];
-        if (x[j] > m) m = x[j];
-    }
-    return m;
+#define LANES 16
+
+static double lanes_total(const double *acc) {
+    double s = 0.0;
+    for (int k = 0; k < LANES; k++) s += acc[k];
+    return s;
 }
 
-static double row_sumexp(const float *x, int64_t v, float m) {
-    double s = 0.0;
-    for (int64_t j = 0; j < v; j++) s += expf(x[j] - m);
-    return s;
+LUNAR_CPU_VECTOR static float row_max(const float *x, int64_t v) {
+    float m[LANES];
+    for (int k = 0; k < LANES; k++) m[k] = -INFINITY;
+    int64_t j = 0;
+    for (; j + LANES <= v; j += LANES)
+        for (int k = 0; k < LANES; k++) m[k] = x[j + k] > m[k] ? x[j + k] : m[k];
+    for (; j < v; j++) m[0] = x[j] > m[0] ? x[j] : m[0];
+    float r = m[0];
+    for (int k = 1; k < LANES; k++) r = m[k] > r ? m[k] : r;
+    return r;
+}
+
+/* Sums run in blocks of BLOCK elements: 16 f32 lanes inside a block (16 terms each), then the
+ * block's lanes are added into 16 f64 lanes; the lanes are combined in a fixed order at the end. */
+#define BLOCK 256
+
+/* sum_j exp(x[j] - m) */
+LUNAR_CPU_VECTOR static double row_sumexp(const float *x, int64_t v, float m) {
+    double acc[LANES] = {0};
+    int64_t j = 0;
+    for (; j + BLOCK <= v; j += BLOCK) {
+        float b[LANES] = {0};
+        for (int64_t i = 0; i < BLOCK; i += LANES)
+            for (int k = 0; k < LANES; k++) b[k] += lunar_expf_upto88(x[j + i + k] - m);
+        for (int k = 0; k < LANES; k++) acc[k] += b[k];
+    }
+    for (; j < v; j++) acc[0] += lunar_expf_upto88(x[j] - m);
+    return lanes_total(acc);
+}
+
+/* y[j] = exp(x[j] - m), returns the sum */
+LUNAR_CPU_VECTOR static double row_exp_store(float *y, const float *x, int64_t v, float m) {
+    double acc[LANES] = {0};
+    int64_t j = 0;
+    for (; j + BLOCK <= v; j += BLOCK) {
+        float b[LANES] = {0};
+        for (int64_t i = 0; i < BLOCK; i += LANES)
+            for (int k = 0; k < LANES; k++) {
+                float e = lunar_expf_upto88(x[j + i + k] - m);
+                y[j + i + k] = e;
+                b[k] += e;
+            }
+        for (int k = 0; k < LANES; k++) acc[k] += b[k];
+    }
+    for (; j < v; j++) {
+        float e = lunar_expf_upto88(x[j] - m);
+        y[j] = e;
+        acc[0] += e;
+    }
+    return lanes_total(acc);
+}
+
+LUNAR_CPU_VECTOR static void row_scale(float *y, int64_t v, float s) {
+    for (int64_t j = 0; j < v; j++) y[j] *= s;
+}
+
+/* y[j] = (x[j] - m) - ls */
+LUNAR_CPU_VECTOR static void row_shift(float *y, const float *x, int64_t v, float m, float ls) {
+    for (int64_t j = 0; j < v; j++) y[j] = (x[j] - m) - ls;
+}
+
+/* sum_j a[j] * b[j] (b == NULL: sum_j a[j]) */
+LUNAR_CPU_VECTOR static double row_dot(const float *a, const float *b, int64_t v) {
+    double acc[LANES] = {0};
+    int64_t j = 0;
+    for (; j + BLOCK <= v; j += BLOCK) {
+        float s[LANES] = {0};
+        if (b) {
+            for (int64_t i = 0; i < BLOCK; i += LANES)
+                for (int k = 0; k < LANES; k++) s[k] += a[j + i + k] * b[j + i + k];
+        } else {
+            for (int64_t i = 0; i < BLOCK; i += LANES)
+                for (int k = 0; k < LANES; k++) s[k] += a[j + i + k];
+        }
+        for (int k = 0; k < LANES; k++) acc[k] += s[k];
+    }
+    for (; j < v; j++) acc[0] += b ? (double)a[j] * b[j] : (double)a[j];
+    return lanes_total(acc);
+}
+
+/* d[j] = g[j] - exp(y[j]) * s */
+LUNAR_CPU_VECTOR static void row_log_softmax_grad(float *d, const float *g, const float *y, int64_t v, float s) {
+    for (int64_t j = 0; j < v; j++) d[j] = g[j] - lunar_expf_upto88(y[j]) * s;
+}
+
+/* d[j] = y[j] * (g[j] - s) */
+LUNAR_CPU_VECTOR static void row_softmax_grad(float *d, const float *g, const float *y, int64_t v, float s) {
+    for (int64_t j = 0; j < v; j++) d[j] = y[j] * (g[j] - s);
+}
+
+/* d[j] = g * exp(x[j] - l) */
+LUNAR_CPU_VECTOR static void row_ce_grad(float *d, const float *x, int64_t v, float g, float l) {
+    for (int64_t j = 0; j < v; j++) d[j] = g * lunar_expf_upto88(x[j] - l);
 }
 
 lunar_status lunar_cpu_softmax_forward(lunar_ctx *ctx, lunar_tensor *y, const lunar_tensor *x, int is_log) {
@@ -37,16 +128,10 @@ lunar_status lunar_cpu_softmax_forward(lunar_ctx *ctx, lunar_tensor *y, const lu
         float m = row_max(xr, v);
         if (is_log) {
             float ls = (float)log(row_sumexp(xr, v, m));
-            for (int64_t j = 0; j < v; j++) yr[j] = (xr[j] - m) - ls;
+            row_shift(yr, xr, v, m, ls);
         } else {
-            double s = 0.0;
-            for (int64_t j = 0; j < v; j++) {
-                float e = expf(xr[j] - m);
-                yr[j] = e;
-                s += e;
-            }
-            float inv = (float)(1.0 / s);
-            for (int64_t j = 0; j < v; j++) yr[j] *= inv;
+            double s = row_exp_store(yr, xr, v, m);
+            row_scale(yr, v, (float)(1.0 / s));
         }
     }
     return LUNAR_OK;
@@ -65,16 +150,8 @@ lunar_status lunar_cpu_softmax_backward(lunar_ctx *ctx, lunar_tensor *dx, const 
     for (int64_t r = 0; r < rows; r++) {
         const float *g = dyp + r * v, *yr = yp + r * v;
         float *d = dxp + r * v;
-        double s = 0.0;
-        if (is_log) {
-            for (int64_t j = 0; j < v; j++) s += g[j];
-            float sf = (float)s;
-            for (int64_t j = 0; j < v; j++) d[j] = g[j] - expf(yr[j]) * sf;
-        } else {
-            for (int64_t j = 0; j < v; j++) s += (double)g[j] * yr[j];
-            float sf = (float)s;
-            for (int64_t j = 0; j < v; j++) d[j] = yr[j] * (g[j] - sf);
-        }
+        if (is_log) row_log_softmax_grad(d, g, yr, v, (float)row_dot(g, NULL, v));
+        else row_softmax_grad(d, g, yr, v, (float)row_dot(g, yr, v));
     }
     return LUNAR_OK;
 }
@@ -135,8 +212,8 @@ lunar_status lunar_cpu_cross_entropy_backward(lunar_ctx *ctx, lunar_tensor *dlog
             for (int64_t j = 0; j < v; j++) d[j] = 0.0f;
             continue;
         }
-        float g = gp[r], l = lsep[r];
-        for (int64_t j = 0; j < v; j++) d[j] = g * expf(xr[j] - l);
+        float g = gp[r];
+        row_ce_grad(d, xr, v, g, lsep[r]);
         d[tp[r]] -= g;
     }
     return LUNAR_OK;
