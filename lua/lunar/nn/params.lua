@@ -1,0 +1,78 @@
+-- lunar.nn.params: the named parameters of a model and their gradients.
+--
+-- Names are the checkpoint names verbatim ("model.layers.3.self_attn.q_a_proj.weight"). Each
+-- parameter is trainable or frozen; a trainable one gets a gradient tensor of its shape, created
+-- on first use (zero) and accumulated into by the modules' backward passes.
+local lunar_core = require 'lunar.core'
+
+local Params = {}
+Params.__index = Params
+
+function Params.new(opts)
+    opts = opts or {}
+    return setmetatable({
+        tensors = {},          -- name -> tensor
+        grads = {},            -- name -> gradient tensor (trainable only, created lazily)
+        trainable = {},        -- name -> bool
+        order = {},            -- names in registration order
+        grad_dtype = opts.grad_dtype or 'f32',
+    }, Params)
+end
+
+-- Registers a parameter (or replaces the tensor of an existing one). Returns the tensor.
+function Params:add(name, t, trainable)
+    if self.tensors[name] == nil then self.order[#self.order + 1] = name end
+    t:set_name(name)
+    self.tensors[name] = t
+    self.trainable[name] = trainable ~= false
+    return t
+end
+
+function Params:has(name) return self.tensors[name] ~= nil end
+
+function Params:get(name)
+    local t = self.tensors[name]
+    if not t then error('parameter ' .. name .. ' does not exist', 2) end
+    return t
+end
+
+function Params:is_trainable(name) return self.trainable[name] == true end
+
+function Params:set_trainable(name, on)
+    if self.tensors[name] == nil then error('parameter ' .. name .. ' does not exist', 2) end
+    self.trainable[name] = on and true or false
+end
+
+-- The gradient tensor of a trainable parameter (zeros on first use); nil if frozen.
+function Params:grad(name)
+    if not self.trainable[name] then return nil end
+    local g = self.grads[name]
+    if not g then
+        local t = self.tensors[name]
+        g = lunar_core.empty(t:size(), self.grad_dtype, t:device()):fill_(0)
+        g:set_name('grad.' .. name)
+        self.grads[name] = g
+    end
+    return g
+end
+
+function Params:zero_grad()
+    for _, g in pairs(self.grads) do g:fill_(0) end
+end
+
+-- Iterates names in registration order.
+function Params:names()
+    local i = 0
+    return function()
+        i = i + 1
+        return self.order[i]
+    end
+end
+
+function Params:count()
+    local n = 0
+    for _, name in ipairs(self.order) do n = n + self.tensors[name]:numel() end
+    return n
+end
+
+return Params
