@@ -1,0 +1,142 @@
+-- lunar.model.params: the checkpoint tensors of GLM-5 (glm_moe_dsa) and GLM-4.x MoE (glm4_moe)
+-- models, by name, with shapes, initialisation and trainability, derived from a validated config
+-- (lunar.model.config). Names are HF's checkpoint names (per-expert experts, as published).
+--
+-- spec(cfg) -> list of {name=, shape=, init='normal'|'ones'|'zeros', trainable=bool, dtype=}
+-- The MTP layer (num_nextn_predict_layers > 0) is model.layers.<L>.*: a full decoder layer plus
+-- eh_proj, enorm, hnorm and shared_head.norm; it is always carried (loaded and saved) and only
+-- runs when the model is asked for the MTP loss.
+local M = {}
+
+local function add(list, name, shape, init, trainable, dtype)
+    list[#list + 1] = {name = name, shape = shape, init = init, trainable = trainable ~= false, dtype = dtype}
+end
+
+-- The tensors of one decoder layer `i` (prefix model.layers.i.); mlp_type 'dense'|'sparse';
+-- indexer true when the layer runs its own DSA indexer.
+local function layer_specs(list, cfg, i, mlp_type, indexer)
+    local p = ('model.layers.%d.'):format(i)
+    local H = cfg.hidden_size
+    add(list, p .. 'input_layernorm.weight', {H}, 'ones')
+    add(list, p .. 'post_attention_layernorm.weight', {H}, 'ones')
+    local a = p .. 'self_attn.'
+    if cfg.model_type == 'glm_moe_dsa' then
+        local NH, Dn, Dr, Dv = cfg.num_attention_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        local Rq, Rkv = cfg.q_lora_rank, cfg.kv_lora_rank
+        add(list, a .. 'q_a_proj.weight', {Rq, H}, 'normal')
+        if cfg.attention_bias then add(list, a .. 'q_a_proj.bias', {Rq}, 'zeros') end
+        add(list, a .. 'q_a_layernorm.weight', {Rq}, 'ones')
+        add(list, a .. 'q_b_proj.weight', {NH * (Dn + Dr), Rq}, 'normal')
+        add(list, a .. 'kv_a_proj_with_mqa.weight', {Rkv + Dr, H}, 'normal')
+        if cfg.attention_bias then add(list, a .. 'kv_a_proj_with_mqa.bias', {Rkv + Dr}, 'zeros') end
+        add(list, a .. 'kv_a_layernorm.weight', {Rkv}, 'ones')
+        add(list, a .. 'kv_b_proj.weight', {NH * (Dn + Dv), Rkv}, 'normal')
+        add(list, a .. 'o_proj.weight', {H, NH * Dv}, 'normal')
+        if cfg.attention_bias then add(list, a .. 'o_proj.bias', {H}, 'zeros') end
+        if indexer then
+            -- trained only by the optional indexer loss: no gradient from the LM loss (HF no_grad)
+            local Hi, Di = cfg.index_n_heads, cfg.index_head_dim
+            local x = a .. 'indexer.'
+            add(list, x .. 'wq_b.weight', {Hi * Di, Rq}, 'normal')
+            add(list, x .. 'wk.weight', {Di, H}, 'normal')
+            add(list, x .. 'k_norm.weight', {Di}, 'ones')
+            add(list, x .. 'k_norm.bias', {Di}, 'zeros')
+            add(list, x .. 'weights_proj.weight', {Hi, H}, 'normal')
+        end
+    else -- glm4_moe: GQA
+        local NH, NKV, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        add(list, a .. 'q_proj.weight', {NH * hd, H}, 'normal')
+        add(list, a .. 'k_proj.weight', {NKV * hd, H}, 'normal')
+        add(list, a .. 'v_proj.weight', {NKV * hd, H}, 'normal')
+        if cfg.attention_bias then
+            add(list, a .. 'q_proj.bias', {NH * hd}, 'zeros')
+            add(list, a .. 'k_proj.bias', {NKV * hd}, 'zeros')
+            add(list, a .. 'v_proj.bias', {NKV * hd}, 'zeros')
+        end
+        add(list, a .. 'o_proj.weight', {H, NH * hd}, 'normal')
+        if cfg.use_qk_norm then
+            add(list, a .. 'q_norm.weight', {hd}, 'ones')
+            add(list, a .. 'k_norm.weight', {hd}, 'ones')
+        end
+    end
+    local m = p .. 'mlp.'
+    if mlp_type == 'dense' then
+        local I = cfg.intermediate_size
+        add(list, m .. 'gate_proj.weight', {I, H}, 'normal')
+        add(list, m .. 'up_proj.weight', {I, H}, 'normal')
+        add(list, m .. 'down_proj.weight', {H, I}, 'normal')
+    else
+        local E, Im = cfg.n_routed_experts, cfg.moe_intermediate_size
+        add(list, m .. 'gate.weight', {E, H}, 'normal', true, 'f32')
+        add(list, m .. 'gate.e_score_correction_bias', {E}, 'zeros', false, 'f32')
+        for e = 0, E - 1 do
+            local x = ('%sexperts.%d.'):format(m, e)
+            add(list, x .. 'gate_proj.weight', {Im, H}, 'normal')
+            add(list, x .. 'up_proj.weight', {Im, H}, 'normal')
+            add(list, x .. 'down_proj.weight', {H, Im}, 'normal')
+        end
+        local Is = Im * cfg.n_shared_experts
+        if Is > 0 then
+            add(list, m .. 'shared_experts.gate_proj.weight', {Is, H}, 'normal')
+            add(list, m .. 'shared_experts.up_proj.weight', {Is, H}, 'normal')
+            add(list, m .. 'shared_experts.down_proj.weight', {H, Is}, 'normal')
+        end
+    end
+end
+
+-- Does decoder layer i run its own indexer? (glm_moe_dsa only; 'shared' layers reuse indices)
+function M.has_indexer(cfg, i)
+    if cfg.model_type ~= 'glm_moe_dsa' then return false end
+    return cfg.indexer_types[i + 1] == 'full'
+end
+
+function M.mlp_type(cfg, i)
+    return cfg.mlp_layer_types[i + 1]
+end
+
+function M.spec(cfg)
+    local list = {}
+    local H, V = cfg.hidden_size, cfg.vocab_size
+    add(list, 'model.embed_tokens.weight', {V, H}, 'normal')
+    for i = 0, cfg.num_hidden_layers - 1 do
+        layer_specs(list, cfg, i, M.mlp_type(cfg, i), M.has_indexer(cfg, i))
+    end
+    add(list, 'model.norm.weight', {H}, 'ones')
+    if not cfg.tie_word_embeddings then add(list, 'lm_head.weight', {V, H}, 'normal') end
+    -- MTP layers follow the main layers (DeepSeek-V3 / GLM layout): a MoE decoder layer with a
+    -- full indexer, plus the projections that feed it.
+    for d = 0, (cfg.num_nextn_predict_layers or 0) - 1 do
+        local i = cfg.num_hidden_layers + d
+        local p = ('model.layers.%d.'):format(i)
+        add(list, p .. 'enorm.weight', {H}, 'ones')
+        add(list, p .. 'hnorm.weight', {H}, 'ones')
+        add(list, p .. 'eh_proj.weight', {H, 2 * H}, 'normal')
+        add(list, p .. 'shared_head.norm.weight', {H}, 'ones')
+        layer_specs(list, cfg, i, 'sparse', cfg.model_type == 'glm_moe_dsa')
+    end
+    return list
+end
+
+-- Fused expert tensors (HF v5 in-memory layout, which some writers save) -> per-expert names.
+-- Returns the per-expert table entries to add and the fused names consumed, or nil.
+--   mlp.experts.gate_up_proj [E, 2Im, H] = [gate_e; up_e] per expert, mlp.experts.down_proj [E, H, Im]
+function M.split_fused_experts(name, t)
+    local prefix, which = name:match('^(.*%.mlp%.experts)%.(gate_up_proj)$')
+    if not prefix then prefix, which = name:match('^(.*%.mlp%.experts)%.(down_proj)$') end
+    if not prefix then return nil end
+    local out = {}
+    local E = t:size(1)
+    for e = 0, E - 1 do
+        local te = t:select(1, e + 1)
+        if which == 'gate_up_proj' then
+            local im = te:size(1) / 2
+            out[('%s.%d.gate_proj.weight'):format(prefix, e)] = te:narrow(1, 1, im)
+            out[('%s.%d.up_proj.weight'):format(prefix, e)] = te:narrow(1, im + 1, im)
+        else
+            out[('%s.%d.down_proj.weight'):format(prefix, e)] = te
+        end
+    end
+    return out
+end
+
+return M
