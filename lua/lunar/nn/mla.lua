@@ -21,7 +21,8 @@
 --       'full': runs the indexer and returns its top-k (B, T, k) i64; 'shared': uses prev_topk
 --       (error if nil) and returns it; 'none': topk is nil. Every key outside the top-k is set
 --       to finfo.min in the mask, so a key is attended iff causally visible AND selected.
---       When T <= index_topk every key is selected and the mask is used as is.
+--       When T <= index_topk every key is selected and the mask is used as is (and without a KL
+--       loss the indexer is not even run: topk is then 0 .. T-1 for every query).
 --       saved.indexer_loss is the indexer KL loss (full layers with a coefficient > 0).
 --   dx, indexer_loss = attn:backward(dout, saved, need_dx)
 --       dout (N, H). Parameter gradients accumulate (+=); the indexer's parameters get only the
@@ -141,8 +142,15 @@ function MLA:forward(x, batch, prev_topk)
     local mask = batch.mask
     if self.indexer_type == 'full' then
         local keep = self.indexer_loss_coeff > 0
-        topk, isaved = self.indexer:forward(x, q_resid, batch, {keep = keep})
-        saved.isaved = isaved
+        if T <= self.index_topk and not keep then
+            -- every key is selected whatever the scores (section 6.3), so the scores are not
+            -- computed: topk[b, s] = 0 .. T-1 (HF returns the same set in score order)
+            topk = lunar_core.empty({B, T, T}, 'i64', x:device())
+            topk:copy_(lunar_core.empty({1, 1, T}, 'i64', x:device()):arange_(0, 1):expand({B, T, T}))
+        else
+            topk, isaved = self.indexer:forward(x, q_resid, batch, {keep = keep})
+            saved.isaved = isaved
+        end
     elseif self.indexer_type == 'shared' then
         if prev_topk == nil then
             tensor.fail(('MLA %s: a shared (IndexShare) layer needs the top-k of a previous full layer'):format(self.name))
