@@ -2,7 +2,7 @@
 -- partial rotary 0.5): forward against a per-head composition that repeats the KV heads
 -- explicitly (repeat_kv), for nkv = 4, 2, 1, with and without QKV bias and QK-norm; full-module
 -- gradchecks of dx and every parameter (f32, eps 1e-2, rtol 2e-2, atol 2e-3 on a random
--- projection of the output); config errors.
+-- projection of the output); packed documents against separate runs; config errors.
 local lunar = require 'lunar'
 local nn = require 'lunar.nn'
 local ops = lunar.ops
@@ -100,6 +100,23 @@ T:test('gradcheck: dx and every parameter', function()
         end
         T.gradcheck{name = 'gqa nkv ' .. vr[1], eps = 1e-2, rtol = 2e-2, atol = 2e-3, max_checks = 32,
             inputs = inputs, grads = grads, f = function() return ops.sum(ops.mul((m:forward(x, batch)), r)):item() end}
+    end
+end)
+
+T:test('packed documents (cu_seqlens) match separate runs', function()
+    local cfg = config(2, true, true)
+    local s = store_for(cfg, 'a')
+    local m = nn.GQA.new(s, 'a', cfg)
+    local cu = lunar.tensor({0, 3, 4, 7}, 'i64')
+    local x = lunar.randn(7, 16)
+    local packed = {B = 1, T = 7, positions = masks.packed_positions(cu), mask = masks.build{B = 1, T = 7, cu_seqlens = cu},
+                    inv_freq = ops.rope_inv_freq(4, 10000)}
+    local out = m:forward(x, packed)
+    local start = 1
+    for _, n in ipairs({3, 1, 3}) do
+        T.close(out:narrow(1, start, n), (m:forward(x:narrow(1, start, n):contiguous(), make_batch(1, n, 4))),
+            {rtol = 1e-5, atol = 1e-6, msg = 'document at ' .. start})
+        start = start + n
     end
 end)
 

@@ -2,8 +2,8 @@
 -- Dn 4, Dr 4, Dv 6, Rq 8, Rkv 8, B 2, T 5): full-module gradchecks of dx and every parameter
 -- (with and without attention_bias, plain causal, right padding, and sparse attention through a
 -- fixed IndexShare top-k), forward against an independent composition (de-interleave the rope
--- weights, then half-split RoPE, per-head attention written with plain ops), the softmax scale,
--- and the error messages. Finite differences: f32, eps 1e-2, rtol 2e-2, atol 2e-3 on a random
+-- weights, then half-split RoPE, per-head attention written with plain ops), packed documents
+-- against separate runs (with DSA dropping keys), the softmax scale, and the error messages. Finite differences: f32, eps 1e-2, rtol 2e-2, atol 2e-3 on a random
 -- projection of the output.
 local lunar = require 'lunar'
 local nn = require 'lunar.nn'
@@ -164,6 +164,25 @@ T:test('forward equals an independent composition (half-split RoPE on de-interle
     local out, _, back = shared:forward(x, batch, topk)
     assert(back == topk)
     T.close(out, reference_forward(s, 'a', cfg, x, batch, masks.select(batch.mask, topk)), {rtol = 1e-4, atol = 1e-5})
+end)
+
+T:test('packed documents (cu_seqlens) match separate runs, with DSA dropping keys', function()
+    local cfg = with(CFG, {attention_bias = true, index_topk = 2})
+    local s = mla_store(cfg, 'a', true)
+    local m = nn.MLA.new(s, 'a', cfg)
+    local lens = {4, 1, 3}
+    local cu = lunar.tensor({0, 4, 5, 8}, 'i64')
+    local x = lunar.randn(8, 16)
+    local packed = {B = 1, T = 8, positions = masks.packed_positions(cu), mask = masks.build{B = 1, T = 8, cu_seqlens = cu},
+                    inv_freq = ops.rope_inv_freq(4, 10000)}
+    local out = m:forward(x, packed)
+    local start = 1
+    for _, n in ipairs(lens) do
+        local xd = x:narrow(1, start, n):contiguous()
+        T.close(out:narrow(1, start, n), (m:forward(xd, make_batch(1, n, 4))), {rtol = 1e-5, atol = 1e-6,
+            msg = 'document at ' .. start})
+        start = start + n
+    end
 end)
 
 T:test('softmax scale (Dn+Dr)^-0.5, YaRN mscale^2 only for non-default rope', function()

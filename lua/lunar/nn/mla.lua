@@ -136,7 +136,6 @@ function MLA:forward(x, batch, prev_topk)
     local qh = query:transpose(2, 3):contiguous()
     local kh = key:transpose(2, 3):contiguous()
     local vh = kvb4:narrow(4, Dn + 1, Dv):transpose(2, 3):contiguous()
-    query:free(); key:free()
     -- DSA selection
     local topk, isaved
     local mask = batch.mask
