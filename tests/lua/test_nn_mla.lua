@@ -3,8 +3,8 @@
 -- (with and without attention_bias, plain causal, right padding, and sparse attention through a
 -- fixed IndexShare top-k), forward against an independent composition (de-interleave the rope
 -- weights, then half-split RoPE, per-head attention written with plain ops), packed documents
--- against separate runs (with DSA dropping keys), the softmax scale, and the error messages. Finite differences: f32, eps 1e-2, rtol 2e-2, atol 2e-3 on a random
--- projection of the output.
+-- against separate runs (with DSA dropping keys), the softmax scale, and the error messages.
+-- Finite differences: f32, eps 1e-2, rtol 2e-2, atol 2e-3 on a random projection of the output.
 local lunar = require 'lunar'
 local nn = require 'lunar.nn'
 local ops = lunar.ops
@@ -139,7 +139,7 @@ local function reference_forward(s, name, cfg, x, batch, sel_mask)
             local rows = function(t, n) return t:narrow(1, (b - 1) * Tn + 1, Tn):narrow(2, 1, n) end
             local sc = ops.add(ops.matmul(rows(qh, Dn), rows(kvh, Dn):t()),
                 ops.matmul(qr:select(1, b):select(2, 1), kr:select(1, b):select(2, 1):t()))
-            sc = ops.add(ops.mul(sc, m_scale or (Dqk ^ -0.5)), sel_mask:select(1, b))
+            sc = ops.add(ops.mul(sc, Dqk ^ -0.5), sel_mask:select(1, b))
             local p = ops.softmax(sc)
             outs[b] = ops.matmul(p, kvh:narrow(1, (b - 1) * Tn + 1, Tn):narrow(2, Dn + 1, Dv))
         end
