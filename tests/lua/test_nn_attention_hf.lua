@@ -18,7 +18,7 @@ local function read_json(rel)
     local f = assert(io.open(dir .. '/../fixtures/' .. rel, 'r'))
     local s = f:read('*a')
     f:close()
-    s = s:gsub('%[', '{'):gsub('%]', '}'):gsub('"([%w_]+)"%s*:', '["%1"]=')
+    s = s:gsub('%[', '{'):gsub('%]', '}'):gsub('"([%w_]+)"%s*:', '["%1"]='):gsub('=null', '=nil')
     return assert(loadstring('return ' .. s))()
 end
 
