@@ -39,7 +39,9 @@ lunar_status lunar_cpu_gemm(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor 
                     pc, (int)ldc);
         return LUNAR_OK;
     }
-    if (batch > 1 && threads > 1 && m * n * k < GEMM_SMALL_MACS) {
+    /* ... but only when the whole batch is worth a parallel region (tiny attention products
+     * would otherwise pay an OpenMP fork/join, which stalls on a busy machine) */
+    if (batch > 1 && threads > 1 && m * n * k < GEMM_SMALL_MACS && batch * m * n * k >= LUNAR_CPU_PAR_MIN) {
 #pragma omp parallel for schedule(static)
         for (int64_t i = 0; i < batch; i++)
             cblas_sgemm(CblasRowMajor, ta, tb, (int)m, (int)n, (int)k, alpha, pa + i * sa, (int)lda, pb + i * sb,

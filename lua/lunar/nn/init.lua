@@ -18,5 +18,10 @@ M.Linear = require 'lunar.nn.linear'
 M.RMSNorm = require 'lunar.nn.rmsnorm'
 M.Embedding = require 'lunar.nn.embedding'
 M.MLP = require 'lunar.nn.mlp'
+M.masks = require 'lunar.nn.masks'
+M.attention = require 'lunar.nn.attention'
+M.MLA = require 'lunar.nn.mla'
+M.DSA = require 'lunar.nn.dsa'
+M.GQA = require 'lunar.nn.gqa'
 
 return M
