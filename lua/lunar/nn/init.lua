@@ -18,5 +18,6 @@ M.Linear = require 'lunar.nn.linear'
 M.RMSNorm = require 'lunar.nn.rmsnorm'
 M.Embedding = require 'lunar.nn.embedding'
 M.MLP = require 'lunar.nn.mlp'
+M.MoE = require 'lunar.nn.moe'
 
 return M
