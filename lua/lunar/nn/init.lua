@@ -23,5 +23,6 @@ M.attention = require 'lunar.nn.attention'
 M.MLA = require 'lunar.nn.mla'
 M.DSA = require 'lunar.nn.dsa'
 M.GQA = require 'lunar.nn.gqa'
+M.MoE = require 'lunar.nn.moe'
 
 return M

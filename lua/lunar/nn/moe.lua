@@ -1,0 +1,357 @@
+-- lunar.nn.MoE: one mixture-of-experts layer of GLM-5 (GlmMoeDsaMoE) and GLM-4.5/4.6/4.7
+-- (Glm4MoeMoE): a sigmoid top-k router, routed experts (gated MLPs) and shared experts.
+-- x (N, H) -> y (N, H). Spec: glm5-architecture.md sections 7, 9.2 and 14.3; docs/model.md.
+--
+--   local moe = MoE.new(store, 'model.layers.3.mlp', cfg[, {group_fill = -math.huge}])
+--   local y, saved, routing = moe:forward(x[, {replay_idx = idx}])
+--   local dx = moe:backward(dy, saved[, need_dx])
+--   local idx, w, sk = MoE.route(logits, bias, cfg[, {replay_idx =, group_fill =}])
+--
+-- Parameters (checkpoint names under `name`): gate.weight (E, H), gate.e_score_correction_bias
+-- (E) f32 (frozen, used only to choose experts; optional), experts.<e>.{gate,up,down}_proj.weight
+-- for e = 0..E-1, shared_experts.{gate,up,down}_proj.weight (when n_shared_experts > 0).
+--
+-- cfg holds the HF config fields: n_routed_experts (or num_local_experts), num_experts_per_tok,
+-- n_group (1), topk_group (1), norm_topk_prob (true), routed_scaling_factor (1.0),
+-- n_shared_experts (1), hidden_act ('silu'); defaults in brackets.
+--
+-- Router (f32 whatever the model dtype): l = x W^T, s = sigmoid(l), c = s + bias; with
+-- n_group > 1 each group scores the sum of its two largest c and only the best topk_group
+-- groups stay (the others' c become group_fill: -inf as in transformers 5, 0.0 in older code);
+-- idx = topk(c, K) (sorted by c, ties to the lower expert id); w = s[idx] (no bias), divided by
+-- (sum + 1e-20) when norm_topk_prob, times routed_scaling_factor.
+--
+-- Experts run grouped by expert: the N*K (token, slot) pairs are sorted by expert id (stable),
+-- the tokens gathered once in that order, and each expert with tokens does three gemms on its
+-- contiguous block of rows; the activation, the scaling by the routing weights and the
+-- index_add_ into the output are single ops over all rows. index_add_ walks the rows in order,
+-- so each token sums its experts in ascending expert order, as HF's eager loop does.
+--
+-- Routing replay (R3): opts.replay_idx (N, K) gives the expert ids to use; the weights are still
+-- computed from the current router at those ids, so the router gets its gradient.
+local core = require 'lunar.core'
+local ops = require 'lunar.ops'
+local tensor = require 'lunar.tensor'
+local MLP = require 'lunar.nn.mlp'
+
+local fail = tensor.fail
+
+local MoE = {}
+MoE.__index = MoE
+
+local function shape_str(t) return '(' .. table.concat(t:size(), ', ') .. ')' end
+
+-- The routing parameters of cfg, checked, with defaults.
+local function routing_cfg(cfg, where)
+    local E = cfg.n_routed_experts or cfg.num_local_experts
+    local K = cfg.num_experts_per_tok
+    local G = cfg.n_group or 1
+    local TG = cfg.topk_group or 1
+    local function bad(msg) error(('%s: %s'):format(where, msg), 3) end
+    if type(E) ~= 'number' or E < 1 or E ~= math.floor(E) then
+        bad('n_routed_experts must be a positive integer, got ' .. tostring(E))
+    end
+    if type(K) ~= 'number' or K < 1 or K > E or K ~= math.floor(K) then
+        bad(('num_experts_per_tok must be an integer in [1, %d], got %s'):format(E, tostring(K)))
+    end
+    if type(G) ~= 'number' or G < 1 or E % G ~= 0 then
+        bad(('n_group %s must be a positive divisor of n_routed_experts %d'):format(tostring(G), E))
+    end
+    if G > 1 then
+        if E / G < 2 then bad(('n_group %d leaves fewer than 2 experts per group (n_routed_experts %d)'):format(G, E)) end
+        if type(TG) ~= 'number' or TG < 1 or TG > G then
+            bad(('topk_group must be in [1, n_group = %d], got %s'):format(G, tostring(TG)))
+        end
+        if TG * (E / G) < K then
+            bad(('topk_group %d groups of %d experts hold fewer than num_experts_per_tok %d'):format(TG, E / G, K))
+        end
+    end
+    local fill = cfg.group_fill
+    if fill == nil then fill = -math.huge end
+    return {routing = true, E = E, K = K, G = G, TG = TG, norm = cfg.norm_topk_prob ~= false,
+            scale = cfg.routed_scaling_factor or 1.0, fill = fill}
+end
+
+-- idx (N, K) i64 of the chosen experts; s (N, E) f32 sigmoid scores, bias (E) or nil.
+local function choose(s, bias, rc)
+    local c = bias and ops.add(s, bias) or s
+    if rc.G > 1 then
+        local N, per = s:size(1), rc.E / rc.G
+        local c3 = c:view(N, rc.G, per)
+        local top2 = ops.topk(c3, 2)                    -- (N, G, 2)
+        local group_score = ops.sum(top2, 3)            -- (N, G)
+        local _, gidx = ops.topk(group_score, rc.TG)    -- (N, TG)
+        local keep = core.empty({N, rc.G}, 'f32', s:device()):fill_(0)
+        ops.scatter_(keep, 2, gidx, core.empty({N, rc.TG}, 'f32', s:device()):fill_(1))
+        c = ops.masked_fill(c3, ops.eq(keep, 0):view(N, rc.G, 1), rc.fill):view(N, rc.E)
+    end
+    local _, idx = ops.topk(c, rc.K)
+    return idx
+end
+
+-- routing weights (N, K) from the selected sigmoid scores sk (N, K)
+local function weights_of(sk, rc)
+    local w = sk
+    if rc.norm then w = ops.div(sk, ops.add(ops.sum(sk, 2, {keepdim = true}), 1e-20)) end
+    return ops.mul(w, rc.scale)
+end
+
+local function check_replay(idx, N, rc)
+    if not tensor.is_tensor(idx) then fail('MoE: replay_idx must be a tensor, got a ' .. type(idx)) end
+    if idx:dim() ~= 2 or idx:size(1) ~= N or idx:size(2) ~= rc.K then
+        fail(('MoE: replay_idx has shape %s, expected (%d, %d) (tokens, num_experts_per_tok)'):format(
+            shape_str(idx), N, rc.K))
+    end
+    if idx:dtype() ~= 'i64' and idx:dtype() ~= 'i32' then
+        fail(('MoE: replay_idx must be an integer tensor (i64), got %s'):format(idx:dtype()))
+    end
+    return idx:to('i64'):contiguous()
+end
+
+-- The pure routing function. logits (N, E) f32, bias (E) f32 or nil, cfg as MoE.new.
+-- Returns idx (N, K) i64 (0-based expert ids), weights (N, K) f32 and the selected sigmoid
+-- scores sk (N, K) f32. opts.replay_idx: use these ids instead of choosing.
+function MoE.route(logits, bias, cfg, opts)
+    opts = opts or {}
+    local rc = cfg.routing and cfg or routing_cfg(cfg, 'MoE.route')
+    if opts.group_fill ~= nil and opts.group_fill ~= rc.fill then
+        local copy = {}
+        for k, v in pairs(rc) do copy[k] = v end
+        copy.fill, rc = opts.group_fill, copy
+    end
+    if not tensor.is_tensor(logits) or logits:dim() ~= 2 or logits:size(2) ~= rc.E then
+        fail(('MoE.route: logits must be (N, %d), got %s'):format(rc.E,
+            tensor.is_tensor(logits) and shape_str(logits) or type(logits)))
+    end
+    local s = ops.sigmoid(logits:to('f32'))
+    local idx
+    if opts.replay_idx ~= nil then
+        idx = check_replay(opts.replay_idx, s:size(1), rc)
+    else
+        idx = choose(s, bias, rc)
+    end
+    local sk = ops.gather(s, 2, idx)
+    return idx, weights_of(sk, rc), sk
+end
+
+-- MoE.new(store, name, cfg[, opts]): opts.group_fill overrides the value given to the experts of
+-- dropped groups (default -inf; 0.0 reproduces transformers 4.5x / early v5 Glm4Moe).
+function MoE.new(store, name, cfg, opts)
+    opts = opts or {}
+    local rc = routing_cfg(cfg, 'MoE ' .. name)
+    if opts.group_fill ~= nil then rc.fill = opts.group_fill end
+    local act = cfg.hidden_act or 'silu'
+    if act ~= 'silu' and act ~= 'gelu' then
+        error(('MoE %s: hidden_act %q is not supported (silu, gelu)'):format(name, tostring(act)), 2)
+    end
+    local self = setmetatable({
+        store = store, name = name, rc = rc, act = act,
+        router_name = name .. '.gate.weight',
+        bias_name = name .. '.gate.e_score_correction_bias',
+        gate_names = {}, up_names = {}, down_names = {},
+    }, MoE)
+    for e = 0, rc.E - 1 do
+        local p = name .. '.experts.' .. e
+        self.gate_names[e] = p .. '.gate_proj.weight'
+        self.up_names[e] = p .. '.up_proj.weight'
+        self.down_names[e] = p .. '.down_proj.weight'
+    end
+    local ns = cfg.n_shared_experts
+    if ns == nil then ns = 1 end
+    if ns > 0 then self.shared = MLP.new(store, name .. '.shared_experts', act) end
+    return self
+end
+
+local function activate(act, g, u)
+    if act == 'silu' then return ops.swiglu(g, u) end
+    return ops.mul(ops.gelu(g), u)
+end
+
+-- forward(x (N, H)[, {replay_idx = (N, K)}]) -> y (N, H), saved, {idx = (N, K) i64, weights = (N, K) f32}
+function MoE:forward(x, opts)
+    opts = opts or {}
+    if not tensor.is_tensor(x) or x:dim() ~= 2 then
+        fail(('MoE %s: x must be a 2-dim (tokens, hidden) tensor, got %s'):format(self.name,
+            tensor.is_tensor(x) and shape_str(x) or type(x)))
+    end
+    local rc, store = self.rc, self.store
+    local N, H = x:size(1), x:size(2)
+    local K, E = rc.K, rc.E
+    local W = store:get(self.router_name)
+    if W:dim() ~= 2 or W:size(1) ~= E or W:size(2) ~= H then
+        fail(('MoE %s: router weight %s has shape %s, expected (%d, %d)'):format(self.name, self.router_name,
+            shape_str(W), E, H))
+    end
+    local dt, dev = x:dtype(), x:device()
+
+    -- router, in f32
+    local x32 = x:to('f32')
+    local logits = ops.gemm(x32, W:to('f32'), {trans_b = true})     -- (N, E)
+    local bias = store:has(self.bias_name) and store:get(self.bias_name) or nil
+    local idx, w, sk = MoE.route(logits, bias, rc, {replay_idx = opts.replay_idx})
+    logits:free()
+
+    -- sort the (token, slot) pairs by expert
+    local NK = N * K
+    if NK >= 16777216 then fail(('MoE %s: %d (token, expert) pairs exceed 2^24'):format(self.name, NK)) end
+    local flat = idx:view(NK)
+    local order = ops.argsort(flat)                                   -- (NK) stable
+    local tokrep = core.empty({N}, 'f32', dev):arange_(0, 1):view(N, 1):expand(N, K):contiguous():view(NK)
+    local tok = ops.index_select(tokrep, 1, order):to('i64')          -- (NK) token of each sorted pair
+    local wsorted = ops.index_select(w:view(NK), 1, order):view(NK, 1)
+    local counts = ops.scatter_add_(core.empty({E}, 'f32', dev):fill_(0), 1, flat,
+                                    core.empty({NK}, 'f32', dev):fill_(1)):tolist_flat()
+    tokrep:free()
+
+    local hits, off, Im = {}, 0, nil
+    for e = 0, E - 1 do
+        local c = counts[e + 1]
+        if c > 0 then
+            hits[#hits + 1] = {e = e, off = off + 1, n = c}
+            Im = Im or store:get(self.gate_names[e]):size(1)
+        end
+        off = off + c
+    end
+
+    local out = core.empty({N, H}, dt, dev):fill_(0)
+    local G, U
+    if NK > 0 then
+        local xs = ops.index_select(x, 1, tok)                        -- (NK, H)
+        G = core.empty({NK, Im}, dt, dev)
+        U = core.empty({NK, Im}, dt, dev)
+        for _, h in ipairs(hits) do
+            local xe = xs:narrow(1, h.off, h.n)
+            ops.gemm(xe, store:get(self.gate_names[h.e]), {trans_b = true, out = G:narrow(1, h.off, h.n)})
+            ops.gemm(xe, store:get(self.up_names[h.e]), {trans_b = true, out = U:narrow(1, h.off, h.n)})
+        end
+        xs:free()
+        local A = activate(self.act, G, U)
+        local Y = core.empty({NK, H}, dt, dev)
+        for _, h in ipairs(hits) do
+            ops.gemm(A:narrow(1, h.off, h.n), store:get(self.down_names[h.e]),
+                     {trans_b = true, out = Y:narrow(1, h.off, h.n)})
+        end
+        A:free()
+        ops.mul(Y, wsorted, {out = Y})
+        ops.index_add_(out, 1, tok, Y)
+        Y:free()
+    end
+
+    local saved = {x = x, x32 = x32, idx = idx, sk = sk, order = order, tok = tok, wsorted = wsorted,
+                   hits = hits, G = G, U = U, Im = Im}
+    if self.shared then
+        local ys, ss = self.shared:forward(x)
+        ops.add_(out, ys)
+        ys:free()
+        saved.shared = ss
+    end
+    return out, saved, {idx = idx, weights = w}
+end
+
+-- backward(dy (N, H), saved[, need_dx]) -> dx (N, H) (nil when need_dx == false). Accumulates
+-- (+=) into the gradients of the router weight, of every trainable expert weight (experts that
+-- got no token get a zero gradient tensor, as HF's fused expert tensors do) and of the shared
+-- experts. e_score_correction_bias gets none.
+function MoE:backward(dy, saved, need_dx)
+    local rc, store = self.rc, self.store
+    local want_dx = need_dx ~= false
+    local x = saved.x
+    local N, H = x:size(1), x:size(2)
+    local K, E = rc.K, rc.E
+    local NK = N * K
+    local dt, dev = x:dtype(), x:device()
+    if not tensor.is_tensor(dy) or dy:dim() ~= 2 or dy:size(1) ~= N or dy:size(2) ~= H then
+        fail(('MoE %s: dy has shape %s, expected (%d, %d)'):format(self.name,
+            tensor.is_tensor(dy) and shape_str(dy) or type(dy), N, H))
+    end
+
+    local dx
+    if self.shared then dx = self.shared:backward(dy, saved.shared, need_dx) end
+    if want_dx and not dx then dx = core.empty({N, H}, dt, dev):fill_(0) end
+
+    -- routed experts; a (NK) = d loss / d routing weight of each sorted pair
+    local a = core.empty({NK}, 'f32', dev):fill_(0)
+    if NK > 0 then
+        local hits, tok, ws, Im = saved.hits, saved.tok, saved.wsorted, saved.Im
+        local xs = ops.index_select(x, 1, tok)                        -- (NK, H)
+        local dys = ops.index_select(dy, 1, tok)                      -- (NK, H), unscaled
+        local A = activate(self.act, saved.G, saved.U)                -- (NK, Im)
+        local dA = core.empty({NK, Im}, dt, dev)
+        for _, h in ipairs(hits) do
+            ops.gemm(dys:narrow(1, h.off, h.n), store:get(self.down_names[h.e]), {out = dA:narrow(1, h.off, h.n)})
+        end
+        -- a = <dy, y_unscaled> = <dy W_down, act>
+        local prod = ops.mul(dA, A, {out = core.empty({NK, Im}, 'f32', dev)})
+        ops.sum(prod, 2, {out = a})
+        prod:free()
+        ops.mul(dA, ws, {out = dA})
+        ops.mul(A, ws, {out = A})
+        for _, h in ipairs(hits) do
+            local gd = store:grad(self.down_names[h.e])
+            if gd then
+                ops.gemm(dys:narrow(1, h.off, h.n), A:narrow(1, h.off, h.n), {trans_a = true, out = gd, beta = 1})
+            end
+        end
+        A:free()
+        dys:free()
+        local dG, dU = MLP.activate_backward(self.act, dA, saved.G, saved.U)
+        dA:free()
+        local dXs = want_dx and core.empty({NK, H}, dt, dev) or nil
+        for _, h in ipairs(hits) do
+            local e, o, n = h.e, h.off, h.n
+            local xe, dGe, dUe = xs:narrow(1, o, n), dG:narrow(1, o, n), dU:narrow(1, o, n)
+            local gg, gu = store:grad(self.gate_names[e]), store:grad(self.up_names[e])
+            if gg then ops.gemm(dGe, xe, {trans_a = true, out = gg, beta = 1}) end
+            if gu then ops.gemm(dUe, xe, {trans_a = true, out = gu, beta = 1}) end
+            if dXs then
+                local dxe = dXs:narrow(1, o, n)
+                ops.gemm(dGe, store:get(self.gate_names[e]), {out = dxe})
+                ops.gemm(dUe, store:get(self.up_names[e]), {out = dxe, beta = 1})
+            end
+        end
+        dG:free()
+        dU:free()
+        xs:free()
+        if dXs then
+            ops.index_add_(dx, 1, tok, dXs)
+            dXs:free()
+        end
+    end
+    -- experts without tokens: zero gradients exist all the same
+    for e = 0, E - 1 do
+        store:grad(self.gate_names[e]); store:grad(self.up_names[e]); store:grad(self.down_names[e])
+    end
+
+    -- router: back to the (token, slot) layout, through the normalisation and the sigmoid
+    local aK = core.empty({NK}, 'f32', dev):fill_(0)
+    if NK > 0 then ops.scatter_(aK, 1, saved.order, a) end
+    aK = aK:view(N, K)
+    local sk = saved.sk
+    local ds
+    if rc.norm then
+        local Z = ops.add(ops.sum(sk, 2, {keepdim = true}), 1e-20)                      -- (N, 1)
+        local mean = ops.div(ops.sum(ops.mul(aK, sk), 2, {keepdim = true}), Z)           -- (N, 1)
+        ds = ops.mul(ops.sub(aK, mean), ops.div(rc.scale, Z))
+    else
+        ds = ops.mul(aK, rc.scale)
+    end
+    local dl = ops.mul(ops.mul(ds, sk), ops.sub(1, sk))                               -- (N, K)
+    local dL = core.empty({N, E}, 'f32', dev):fill_(0)
+    ops.scatter_(dL, 2, saved.idx, dl)
+    local gW = store:grad(self.router_name)
+    if gW then ops.gemm(dL, saved.x32, {trans_a = true, out = gW, beta = 1}) end
+    if want_dx then
+        local W32 = store:get(self.router_name):to('f32')
+        if dx:dtype() == 'f32' then
+            ops.gemm(dL, W32, {out = dx, beta = 1})
+        else
+            ops.add_(dx, ops.gemm(dL, W32))
+        end
+    end
+    dL:free()
+    if not want_dx then return nil end
+    return dx
+end
+
+MoE.routing_cfg = routing_cfg
+return MoE
