@@ -1,0 +1,350 @@
+-- lunar.model.glm: GLM-5 (GlmMoeDsaForCausalLM) and GLM-4.x MoE (Glm4MoeForCausalLM) causal
+-- language models: forward to logits, log-probabilities or the HF loss, and the backward of
+-- every trainable parameter, with explicit modules (lunar.nn) over C ops.
+--
+--   local m = glm.new(cfg, {seed = 1})                 -- cfg: validated (lunar.model.config)
+--   local out = m:forward(batch, {loss = true})        -- out.logits (B, T, V), out.loss (number)
+--   m:backward()                                       -- gradients of out.loss into m.params
+--
+-- batch = {input_ids = (B, T) i64, labels = (B, T) i64 (HF convention: shifted inside, -100
+-- ignored), attention_mask = (B, T) (1 = token, 0 = padding), position_ids = (B, T),
+-- cu_seqlens = (S+1) for one packed row of S documents (positions restart per document and
+-- attention is block-diagonal), routing = {[layer] = (B*T, K) i64} to replay expert choices (R3)}.
+local core = require 'lunar.core'
+local tensor = require 'lunar.tensor'
+local ops = require 'lunar.ops'
+local nn = require 'lunar.nn'
+local params = require 'lunar.model.params'
+
+local M = {}
+local Model = {}
+Model.__index = Model
+M.Model = Model
+
+local function fail(msg) tensor.fail(msg) end
+
+local function rope_theta(cfg)
+    local rp = cfg.rope_parameters
+    if type(rp) == 'table' then
+        if (rp.rope_type or 'default') ~= 'default' then
+            fail(('rope_type %q is not supported yet (GLM-5.x and GLM-4.x use "default")'):format(rp.rope_type))
+        end
+        return rp.rope_theta or 10000
+    end
+    return cfg.rope_theta or 10000
+end
+
+-- Builds the modules of decoder layer i over the parameter store.
+local function build_layer(store, cfg, i, opts)
+    local p = ('model.layers.%d'):format(i)
+    local L = {index = i, name = p}
+    L.input_norm = nn.RMSNorm.new(store, p .. '.input_layernorm', cfg.rms_norm_eps)
+    L.post_norm = nn.RMSNorm.new(store, p .. '.post_attention_layernorm', cfg.rms_norm_eps)
+    if cfg.model_type == 'glm_moe_dsa' then
+        local kind = params.has_indexer(cfg, i) and 'full' or 'shared'
+        L.attn = nn.MLA.new(store, p .. '.self_attn', cfg, {indexer = kind,
+            indexer_loss_coeff = opts.indexer_loss_coeff or 0, indexer_loss = opts.indexer_loss})
+    else
+        L.attn = nn.GQA.new(store, p .. '.self_attn', cfg)
+    end
+    L.mlp_type = i < cfg.num_hidden_layers and params.mlp_type(cfg, i) or 'sparse'
+    if L.mlp_type == 'dense' then
+        L.mlp = nn.MLP.new(store, p .. '.mlp', cfg.hidden_act)
+    else
+        L.mlp = nn.MoE.new(store, p .. '.mlp', cfg)
+    end
+    return L
+end
+
+local function build(cfg, store, opts)
+    local m = setmetatable({cfg = cfg, params = store, opts = opts, hooks = {}}, Model)
+    m.embed = nn.Embedding.new(store, 'model.embed_tokens', cfg.pad_token_id)
+    m.layers = {}
+    for i = 0, cfg.num_hidden_layers - 1 do m.layers[i + 1] = build_layer(store, cfg, i, opts) end
+    m.norm = nn.RMSNorm.new(store, 'model.norm', cfg.rms_norm_eps)
+    m.lm_head = nn.Linear.new(store, cfg.tie_word_embeddings and 'model.embed_tokens' or 'lm_head')
+    m.mtp = {}
+    for d = 0, (cfg.num_nextn_predict_layers or 0) - 1 do
+        local i = cfg.num_hidden_layers + d
+        local p = ('model.layers.%d'):format(i)
+        m.mtp[d + 1] = {
+            layer = build_layer(store, cfg, i, opts),
+            enorm = nn.RMSNorm.new(store, p .. '.enorm', cfg.rms_norm_eps),
+            hnorm = nn.RMSNorm.new(store, p .. '.hnorm', cfg.rms_norm_eps),
+            eh_proj = nn.Linear.new(store, p .. '.eh_proj'),
+            head_norm = nn.RMSNorm.new(store, p .. '.shared_head.norm', cfg.rms_norm_eps),
+        }
+    end
+    if cfg.model_type == 'glm_moe_dsa' then
+        m.rot_dim = cfg.qk_rope_head_dim
+    else
+        m.rot_dim = m.layers[1].attn.rot_dim
+    end
+    m.inv_freq = ops.rope_inv_freq(m.rot_dim, rope_theta(cfg))
+    return m
+end
+
+-- A model with freshly initialised weights (HF's _init_weights: normal(0, initializer_range) for
+-- linear and embedding weights, the padding row zeroed, ones for norms, zeros for biases and the
+-- router's correction bias). opts: seed, dtype (default f32), device, indexer_loss_coeff.
+function M.new(cfg, opts)
+    opts = opts or {}
+    local rng = core.rng_new(opts.seed or 0):split('init')
+    local store = nn.params.new()
+    local std = cfg.initializer_range or 0.02
+    local indexer_trainable = (opts.indexer_loss_coeff or 0) > 0
+    for _, s in ipairs(params.spec(cfg)) do
+        local t = core.empty(s.shape, s.dtype or opts.dtype or 'f32', opts.device)
+        if s.init == 'normal' then rng:split(s.name):normal_(t, 0, std)
+        elseif s.init == 'ones' then t:fill_(1)
+        else t:fill_(0) end
+        local trainable = s.trainable
+        if s.name:find('.indexer.', 1, true) then trainable = indexer_trainable end
+        store:add(s.name, t, trainable)
+    end
+    if type(cfg.pad_token_id) == 'number' then
+        store:get('model.embed_tokens.weight'):select(1, cfg.pad_token_id + 1):fill_(0)
+    end
+    return build(cfg, store, opts)
+end
+
+-- A model over an existing parameter store (the loader fills it).
+function M.from_params(cfg, store, opts)
+    return build(cfg, store, opts or {})
+end
+
+-- ---- hooks: look at any module's input or output from the REPL ----------------------------
+
+-- m:capture(pattern, fn): fn(name, 'input'|'output', tensor) for every module whose name matches
+-- the Lua pattern (e.g. 'model.layers.3.mlp', 'self_attn$'); returns a function that removes it.
+function Model:capture(pattern, fn)
+    local h = {pattern = pattern, fn = fn}
+    self.hooks[#self.hooks + 1] = h
+    return function()
+        for i, x in ipairs(self.hooks) do if x == h then table.remove(self.hooks, i) break end end
+    end
+end
+
+-- m:record(pattern) -> table name -> {input=, output=} filled by the next forward passes
+function Model:record(pattern)
+    local rec = {}
+    self:capture(pattern, function(name, kind, t)
+        rec[name] = rec[name] or {}
+        rec[name][kind] = t
+    end)
+    return rec
+end
+
+function Model:_emit(name, kind, t)
+    for _, h in ipairs(self.hooks) do
+        if name:find(h.pattern) then h.fn(name, kind, t) end
+    end
+end
+
+-- ---- batch preparation ------------------------------------------------------------------------
+
+local function default_positions(B, T, device)
+    local pos = core.empty({B, T}, 'i64', device)
+    for b = 1, B do pos:select(1, b):arange_(0, 1) end
+    return pos
+end
+
+function Model:prepare(batch)
+    local ids = batch.input_ids
+    if not tensor.is_tensor(ids) or ids:dim() ~= 2 then fail('forward: batch.input_ids must be a (B, T) tensor') end
+    local B, T = ids:size(1), ids:size(2)
+    local dev = ids:device()
+    local cu = batch.cu_seqlens
+    local positions = batch.position_ids
+    if not positions then
+        positions = cu and nn.masks.packed_positions(cu):view(B, T) or default_positions(B, T, dev)
+    end
+    local am = batch.attention_mask
+    return {
+        B = B, T = T, N = B * T, ids = ids:contiguous():view(B * T):to('i64'),
+        positions = positions:to('i64'), attention_mask = am, cu_seqlens = cu,
+        mask = nn.masks.build{B = B, T = T, attention_mask = am, cu_seqlens = cu, device = dev},
+        inv_freq = self.inv_freq, rope_scale = 1,
+    }
+end
+
+-- HF ForCausalLMLoss targets: target[b, s] = labels[b, s+1], the last position of each row
+-- ignored (and, for packed rows, the last position of each document).
+function Model:targets(batch, b, shift)
+    shift = shift or 1
+    local labels = batch.labels
+    if not labels then return nil end
+    local B, T = b.B, b.T
+    local tg = core.empty({B, T}, 'i64', labels:device()):fill_(-100)
+    if T > shift then
+        tg:narrow(2, 1, T - shift):copy_(labels:narrow(2, 1 + shift, T - shift))
+    end
+    if b.cu_seqlens then
+        local cu = b.cu_seqlens:to('cpu'):tolist_flat()
+        for d = 2, #cu do
+            for k = 1, shift do
+                local last = cu[d] - k           -- 0-based position; targets past the doc end
+                if last >= cu[d - 1] then tg:set(1, last + 1, -100) end
+            end
+        end
+    end
+    return tg:view(B * T)
+end
+
+-- ---- forward / backward -----------------------------------------------------------------------
+
+local function layer_forward(self, L, x, b, prev_topk, replay)
+    local xn, s_in = L.input_norm:forward(x)
+    self:_emit(L.name .. '.self_attn', 'input', xn)
+    local a, s_attn, topk = L.attn:forward(xn, b, prev_topk)
+    self:_emit(L.name .. '.self_attn', 'output', a)
+    local h = ops.add(x, a)
+    local hn, s_post = L.post_norm:forward(h)
+    self:_emit(L.name .. '.mlp', 'input', hn)
+    local m, s_mlp, routing
+    if L.mlp_type == 'dense' then
+        m, s_mlp = L.mlp:forward(hn)
+    else
+        m, s_mlp, routing = L.mlp:forward(hn, {replay_idx = replay})
+    end
+    self:_emit(L.name .. '.mlp', 'output', m)
+    local out = ops.add(h, m)   -- h is saved by post_norm: no in-place add
+    self:_emit(L.name, 'output', out)
+    return out, {s_in = s_in, s_attn = s_attn, s_post = s_post, s_mlp = s_mlp}, topk, routing
+end
+
+-- gradient of the layer output -> gradient of its input
+local function layer_backward(L, dout, s)
+    local dh = L.mlp:backward(dout, s.s_mlp)
+    dh = L.post_norm:backward(dh, s.s_post)
+    dh = ops.add_(dh, dout)
+    local dx, ixloss = L.attn:backward(dh, s.s_attn)
+    dx = L.input_norm:backward(dx, s.s_in)
+    return ops.add_(dx, dh), ixloss
+end
+
+-- forward(batch, opts) -> out
+--   opts.loss: compute the HF loss (needs batch.labels); opts.logprobs: per-token log-probs of
+--   the targets (B, T) (0 where ignored); opts.mtp: also the MTP loss (out.mtp_loss);
+--   opts.num_items_in_batch: loss = sum / this (HF's convention for gradient accumulation)
+--   instead of the mean over valid targets; opts.keep (default true when loss): keep what
+--   backward() needs.
+-- out = {logits = (B, T, V), loss =, logprobs =, routing = {[layer] = {idx=, weights=}},
+--        topk = {[layer] = (B, T, k)}, hidden = (N, H) final hidden state before the norm}
+function Model:forward(batch, opts)
+    opts = opts or {}
+    local b = self:prepare(batch)
+    local x, s_emb = self.embed:forward(b.ids)
+    self:_emit('model.embed_tokens', 'output', x)
+    local saved = {emb = s_emb, layers = {}}
+    local routing, topks = {}, {}
+    local prev_topk
+    for i, L in ipairs(self.layers) do
+        local replay = batch.routing and batch.routing[i - 1]
+        local s, topk, r
+        x, s, topk, r = layer_forward(self, L, x, b, prev_topk, replay)
+        saved.layers[i] = s
+        if topk then prev_topk = topk; topks[i - 1] = topk end
+        if r then routing[i - 1] = r end
+    end
+    local hidden = x
+    local xf, s_norm = self.norm:forward(x)
+    self:_emit('model.norm', 'output', xf)
+    local logits, s_head = self.lm_head:forward(xf)
+    self:_emit('lm_head', 'output', logits)
+    saved.norm, saved.head = s_norm, s_head
+    local out = {logits = logits:view(b.B, b.T, logits:size(2)), routing = routing, topk = topks, hidden = hidden}
+    local want_loss = opts.loss or opts.logprobs
+    if want_loss then
+        local tg = self:targets(batch, b)
+        if not tg then fail('forward: the loss and log-probs need batch.labels') end
+        local loss, lp, lse = ops.cross_entropy(logits, tg)
+        local valid = ops.sum(ops.ne(tg, -100):float()):item()
+        local denom = opts.num_items_in_batch or math.max(valid, 1)
+        out.loss = ops.sum(loss):item() / denom
+        out.logprobs = lp:view(b.B, b.T)
+        saved.ce = {logits = logits, lse = lse, targets = tg, denom = denom}
+    end
+    if opts.mtp and #self.mtp > 0 then
+        out.mtp_loss = self:_mtp_forward(batch, b, hidden, saved, prev_topk)
+    end
+    if opts.keep ~= false then self.saved = saved else self.saved = nil end
+    return out
+end
+
+-- MTP (DeepSeek-V3 style, depth 1): for position s, h' = eh_proj([enorm(embed(t_{s+1})),
+-- hnorm(h_s)]) runs through the MTP decoder layer; shared_head.norm then lm_head predict
+-- t_{s+2}. h_s is the main model's last hidden state before its final norm.
+function Model:_mtp_forward(batch, b, hidden, saved, prev_topk)
+    local d = self.mtp[1]
+    local B, T, H = b.B, b.T, self.cfg.hidden_size
+    local ids = batch.input_ids
+    local next_ids = core.empty({B, T}, 'i64', ids:device()):fill_(0)
+    if T > 1 then next_ids:narrow(2, 1, T - 1):copy_(ids:narrow(2, 2, T - 1)) end
+    local e, s_e = self.embed:forward(next_ids:view(B * T))
+    local en, s_en = d.enorm:forward(e)
+    local hn, s_hn = d.hnorm:forward(hidden)
+    local cat = core.empty({B * T, 2 * H}, en:dtype(), en:device())
+    cat:narrow(2, 1, H):copy_(en)
+    cat:narrow(2, H + 1, H):copy_(hn)
+    local z, s_eh = d.eh_proj:forward(cat)
+    local zl, s_layer = layer_forward(self, d.layer, z, b, nil, nil)
+    local zn, s_head_norm = d.head_norm:forward(zl)
+    local logits, s_head = self.lm_head:forward(zn)
+    local tg = self:targets(batch, b, 2)
+    local loss, _, lse = ops.cross_entropy(logits, tg)
+    local valid = ops.sum(ops.ne(tg, -100):float()):item()
+    local denom = math.max(valid, 1)
+    saved.mtp = {s_e = s_e, s_en = s_en, s_hn = s_hn, s_eh = s_eh, s_layer = s_layer, s_head_norm = s_head_norm,
+                 s_head = s_head, ce = {logits = logits, lse = lse, targets = tg, denom = denom}, H = H}
+    return ops.sum(loss):item() / denom
+end
+
+local function ce_backward(ce, scale)
+    local n = ce.targets:numel()
+    local dloss = core.empty({n}, 'f32', ce.logits:device()):fill_(scale / ce.denom)
+    return ops.cross_entropy_backward(dloss, ce.logits, ce.lse, ce.targets)
+end
+
+-- backward({loss_scale = 1, mtp_scale = 0}): accumulates d(loss_scale * loss + mtp_scale *
+-- mtp_loss) into the parameter gradients. Returns the sum of the indexer losses (0 when off).
+function Model:backward(opts)
+    opts = opts or {}
+    local saved = self.saved
+    if not saved or not saved.ce then fail('backward: call forward(batch, {loss = true}) first') end
+    local dlogits = ce_backward(saved.ce, opts.loss_scale or 1)
+    local dx = self.lm_head:backward(dlogits, saved.head)
+    dx = self.norm:backward(dx, saved.norm)
+    if saved.mtp and (opts.mtp_scale or 0) ~= 0 then
+        local s = saved.mtp
+        local d = self.mtp[1]
+        local dl = ce_backward(s.ce, opts.mtp_scale)
+        local dz = self.lm_head:backward(dl, s.s_head)
+        dz = d.head_norm:backward(dz, s.s_head_norm)
+        dz = layer_backward(d.layer, dz, s.s_layer)
+        local dcat = d.eh_proj:backward(dz, s.s_eh)
+        local H = s.H
+        local de = d.enorm:backward(dcat:narrow(2, 1, H):contiguous(), s.s_en)
+        self.embed:backward(de, s.s_e)
+        ops.add_(dx, d.hnorm:backward(dcat:narrow(2, H + 1, H):contiguous(), s.s_hn))
+    end
+    local ixloss = 0
+    for i = #self.layers, 1, -1 do
+        local l
+        dx, l = layer_backward(self.layers[i], dx, saved.layers[i])
+        ixloss = ixloss + (l or 0)
+    end
+    self.embed:backward(dx, saved.emb)
+    self.saved = nil
+    return ixloss
+end
+
+function Model:zero_grad() self.params:zero_grad() end
+
+-- name -> tensor of every parameter (checkpoint names)
+function Model:parameters() return self.params.tensors end
+
+-- name -> gradient tensor of every trainable parameter that received one
+function Model:gradients() return self.params.grads end
+
+return M
