@@ -229,7 +229,7 @@ local function indexer_types(t, L, bad)
     for i = 0, L - 1 do
         out[i + 1] = (math.max(i - offset + 1, 0) % freq == 0) and 'full' or 'shared'
     end
-    return out, 'index_topk_freq', (' (derived from index_topk_freq=%d, index_skip_topk_offset=%d)'):format(freq, offset)
+    return out, 'index_topk_freq', ('(derived from index_topk_freq=%d, index_skip_topk_offset=%d) '):format(freq, offset)
 end
 
 -- from_table(t, source_name) -> validated config (see the top of this file)
@@ -286,12 +286,9 @@ function M.from_table(t, src)
     end
 
     -- MLP type per layer
-    if cfg.first_k_dense_replace > L then
-        bad('first_k_dense_replace', '(%d) is larger than num_hidden_layers (%d)', cfg.first_k_dense_replace, L)
-    end
-    if cfg.mlp_layer_types ~= nil then
+    if cfg.mlp_layer_types ~= nil then   -- an explicit list wins over first_k_dense_replace
         check_list(bad, 'mlp_layer_types', cfg.mlp_layer_types, L, {dense = true, sparse = true})
-    else
+    else   -- as transformers: layer i is dense when i < first_k_dense_replace (all dense if it exceeds L)
         local m = {}
         for i = 1, L do m[i] = i <= cfg.first_k_dense_replace and 'dense' or 'sparse' end
         cfg.mlp_layer_types = m
@@ -324,7 +321,7 @@ function M.from_table(t, src)
         cfg.head_dim = cfg.qk_rope_head_dim   -- transformers overwrites config.head_dim with this
         local it, key, from = indexer_types(t, L, bad)
         if it[1] ~= 'full' then
-            bad(key, "%s must start with 'full' (layer 0 has no earlier layer to share top-k indices with)", from)
+            bad(key, "%smust start with 'full' (layer 0 has no earlier layer to share top-k indices with)", from)
         end
         cfg.indexer_types = it
         if cfg.layer_types == nil then
