@@ -59,6 +59,12 @@ lunar_status lunar_read_file(lunar_ctx *ctx, const char *path, char **out, size_
 lunar_status lunar_json_parse(lunar_ctx *ctx, const char *what, const char *buf, size_t n, cJSON **out);
 lunar_status lunar_json_read_file(lunar_ctx *ctx, const char *path, cJSON **out);
 
+/* Which numbers of a valid JSON text are float literals (written with '.', 'e' or 'E'): one
+ * byte per number, in document order, which is the order a depth-first walk of the parsed tree
+ * meets them. Lets a reader keep 1.0 apart from 1 (transformers' strict configs reject an int
+ * where a float is declared). Caller frees *flags. */
+lunar_status lunar_json_float_flags(lunar_ctx *ctx, const char *buf, size_t n, unsigned char **flags, size_t *count);
+
 /* A growable byte buffer (the JSON writers append to it). */
 typedef struct lunar_buf {
     char  *data;
@@ -75,5 +81,7 @@ void lunar_json_put_string(lunar_buf *b, const char *s, size_t n);
 /* integers with |v| < 2^53 exactly ("10000"), else the shortest %.{15,16,17}g that reads back
  * as v. Returns 0 for NaN and infinities, which JSON cannot hold. */
 int  lunar_json_put_number(lunar_buf *b, double v);
+/* the same, but always a float literal: "1.0" rather than "1" (like Python's repr) */
+int  lunar_json_put_float(lunar_buf *b, double v);
 
 #endif

@@ -101,6 +101,47 @@ void lunar_json_put_string(lunar_buf *b, const char *s, size_t n) {
     lunar_buf_append(b, "\"", 1);
 }
 
+lunar_status lunar_json_float_flags(lunar_ctx *ctx, const char *buf, size_t n, unsigned char **flags, size_t *count) {
+    size_t cap = 64, k = 0;
+    unsigned char *f = malloc(cap);
+    if (!f) return LUNAR_FAIL(ctx, LUNAR_ERR_OOM, "out of memory scanning JSON numbers");
+    for (size_t i = 0; i < n;) {
+        char c = buf[i];
+        if (c == '"') {   /* skip the string, escapes included */
+            for (i++; i < n && buf[i] != '"'; i++)
+                if (buf[i] == '\\') i++;
+            i++;
+        } else if (c == '-' || (c >= '0' && c <= '9')) {
+            int is_float = 0;
+            for (; i < n && strchr("+-0123456789.eE", buf[i]) && buf[i]; i++)
+                if (buf[i] == '.' || buf[i] == 'e' || buf[i] == 'E') is_float = 1;
+            if (k == cap) {
+                unsigned char *g = realloc(f, cap *= 2);
+                if (!g) {
+                    free(f);
+                    return LUNAR_FAIL(ctx, LUNAR_ERR_OOM, "out of memory scanning JSON numbers");
+                }
+                f = g;
+            }
+            f[k++] = (unsigned char)is_float;
+        } else {
+            i++;
+        }
+    }
+    *flags = f;
+    *count = k;
+    return LUNAR_OK;
+}
+
+int lunar_json_put_float(lunar_buf *b, double v) {
+    size_t before = b->len;
+    if (!lunar_json_put_number(b, v)) return 0;
+    if (b->oom) return 1;
+    const char *s = b->data + before;
+    if (!strpbrk(s, ".eE")) lunar_buf_puts(b, ".0");
+    return 1;
+}
+
 int lunar_json_put_number(lunar_buf *b, double v) {
     if (!isfinite(v)) return 0;
     if (v == floor(v) && fabs(v) < 9007199254740992.0) {

@@ -230,7 +230,7 @@ static lunar_status parse_entry(lunar_ctx *ctx, lunar_safetensors *f, const cJSO
     e->ndim = cJSON_GetArraySize(shape);
     e->shape = shapes + *shape_pos;
     if (e->ndim > LUNAR_MAX_DIMS) e->supported = 0;
-    uint64_t numel = 1;
+    uint64_t numel = 1, nonzero = 1;   /* nonzero: product of the non-zero dims (strides must fit) */
     int overflow = 0, k = 0;
     for (const cJSON *d = shape->child; d; d = d->next, k++) {
         uint64_t v;
@@ -243,6 +243,8 @@ static lunar_status parse_entry(lunar_ctx *ctx, lunar_safetensors *f, const cJSO
         shapes[(*shape_pos)++] = (int64_t)v;
         if (v != 0 && numel > UINT64_MAX / v) overflow = 1;
         else numel *= v;
+        if (v != 0 && nonzero > ((uint64_t)1 << 62) / v) overflow = 1;
+        else if (v != 0) nonzero *= v;
     }
     uint64_t bits = (uint64_t)st_dtypes[di].bits;
     if (overflow || (numel != 0 && numel > UINT64_MAX / bits))

@@ -11,7 +11,9 @@
  *   core.io.array_mt, so that it is written back as [].
  * core.io.encode_json(value) -> string; core.io.write_json(path, value) writes atomically. Keys are
  *   sorted and the layout is json.dumps(indent=2, sort_keys=True) + "\n", like transformers'
- *   config.json.
+ *   config.json. Numbers read as float literals (1.0) are written back as floats: the tables
+ *   that hold them carry the metatable {__json_floats = {key = true}} (transformers' strict
+ *   config classes reject 1 where a float is declared).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -253,9 +255,38 @@ static int l_save_checkpoint(lua_State *L) {
 
 /* ---- JSON -> Lua ------------------------------------------------------------------------------- */
 
-static void push_json(lua_State *L, const cJSON *v, int depth) {
+/* Float literals: a table whose members include numbers written as floats (1.0, 2.5, 1e-05)
+ * gets the metatable {__json_floats = {key = true}}, so write_json writes 1.0 back as 1.0. */
+typedef struct dec {
+    const unsigned char *flags;   /* per number, in document order */
+    size_t               n, next;
+} dec;
+
+static void push_json(lua_State *L, const cJSON *v, int depth, dec *d);
+
+/* pushes child c of a container; returns whether it is a number written as a float literal */
+static int push_child(lua_State *L, const cJSON *c, int depth, dec *d) {
+    int is_float = 0;
+    if (cJSON_IsNumber(c)) {
+        is_float = d->next < d->n && d->flags[d->next];
+        d->next++;
+    }
+    push_json(L, c, depth + 1, d);
+    return is_float;
+}
+
+/* sets {__json_floats = floats} on the table below the float set (floats at the top, popped) */
+static void attach_floats(lua_State *L, int have) {
+    if (!have) return;
+    lua_createtable(L, 0, 1);
+    lua_insert(L, -2);
+    lua_setfield(L, -2, "__json_floats");
+    lua_setmetatable(L, -2);
+}
+
+static void push_json(lua_State *L, const cJSON *v, int depth, dec *d) {
     if (depth > JSON_DEPTH) lunar_lua_error(L, "JSON nested more than %d levels deep", JSON_DEPTH);
-    luaL_checkstack(L, 4, "JSON nesting");
+    luaL_checkstack(L, 6, "JSON nesting");
     if (cJSON_IsNull(v)) {
         lua_pushlightuserdata(L, NULL);
     } else if (cJSON_IsBool(v)) {
@@ -265,56 +296,96 @@ static void push_json(lua_State *L, const cJSON *v, int depth) {
     } else if (cJSON_IsString(v)) {
         lua_pushstring(L, v->valuestring);
     } else if (cJSON_IsArray(v)) {
-        int n = cJSON_GetArraySize(v), i = 0;
+        int n = cJSON_GetArraySize(v), i = 0, have = 0;
         lua_createtable(L, n, 0);
+        int t = lua_gettop(L);
+        lua_newtable(L);   /* float set */
         for (const cJSON *c = v->child; c; c = c->next) {
-            push_json(L, c, depth + 1);
-            lua_rawseti(L, -2, ++i);
+            int f = push_child(L, c, depth, d);
+            lua_rawseti(L, t, ++i);
+            if (f) {
+                lua_pushboolean(L, 1);
+                lua_rawseti(L, t + 1, i);
+                have = 1;
+            }
         }
+        if (!have) lua_pop(L, 1);
+        attach_floats(L, have);
         if (n == 0) {
             luaL_getmetatable(L, ARRAY_MT);
             lua_setmetatable(L, -2);
         }
     } else if (cJSON_IsObject(v)) {
         lua_createtable(L, 0, cJSON_GetArraySize(v));
+        int t = lua_gettop(L), have = 0;
+        lua_newtable(L);   /* float set */
         for (const cJSON *c = v->child; c; c = c->next) {   /* a repeated key: the last one wins */
-            push_json(L, c, depth + 1);
-            lua_setfield(L, -2, c->string);
+            int f = push_child(L, c, depth, d);
+            lua_setfield(L, t, c->string);
+            lua_pushboolean(L, f);
+            lua_setfield(L, t + 1, c->string);
+            have |= f;
         }
+        if (!have) lua_pop(L, 1);
+        attach_floats(L, have);
     } else {
         lua_pushnil(L);
     }
 }
 
-/* the tree is freed before any error can be raised while converting: convert under pcall */
+/* the tree and flags are freed whatever happens while converting: convert under pcall */
+typedef struct tree_args {
+    const cJSON *root;
+    dec          d;
+} tree_args;
+
 static int push_json_protected(lua_State *L) {
-    push_json(L, (const cJSON *)lua_touserdata(L, 1), 0);
+    tree_args *a = lua_touserdata(L, 1);
+    push_json(L, a->root, 0, &a->d);
     return 1;
 }
 
-static int push_tree(lua_State *L, cJSON *root) {
+/* text buf[0..n) -> Lua value; what names the source in errors */
+static int push_text(lua_State *L, const char *what, const char *buf, size_t n) {
+    lunar_ctx *ctx = lunar_lua_ctx(L);
+    cJSON *root;
+    lunar_status st = lunar_json_parse(ctx, what, buf, n, &root);
+    if (st != LUNAR_OK) return lunar_lua_check_status(L, st);
+    unsigned char *flags = NULL;
+    tree_args a = {root, {NULL, 0, 0}};
+    st = lunar_json_float_flags(ctx, buf, n, &flags, &a.d.n);
+    if (st != LUNAR_OK) {
+        cJSON_Delete(root);
+        return lunar_lua_check_status(L, st);
+    }
+    a.d.flags = flags;
     lua_pushcfunction(L, push_json_protected);
-    lua_pushlightuserdata(L, root);
+    lua_pushlightuserdata(L, &a);
     int rc = lua_pcall(L, 1, 1, 0);
     cJSON_Delete(root);
+    free(flags);
     if (rc != 0) return lua_error(L);
     return 1;
 }
 
 static int l_read_json(lua_State *L) {
     const char *path = luaL_checkstring(L, 1);
-    cJSON *root;
-    lunar_lua_check_status(L, lunar_json_read_file(lunar_lua_ctx(L), path, &root));
-    return push_tree(L, root);
+    char *buf;
+    size_t n;
+    lunar_lua_check_status(L, lunar_read_file(lunar_lua_ctx(L), path, &buf, &n));
+    /* the buffer must not leak if a Lua error is raised: keep it in a Lua string */
+    lua_pushlstring(L, buf, n);
+    free(buf);
+    size_t len;
+    const char *s = lua_tolstring(L, -1, &len);
+    return push_text(L, path, s, len);
 }
 
 static int l_decode_json(lua_State *L) {
     size_t n;
     const char *s = luaL_checklstring(L, 1, &n);
     const char *what = luaL_optstring(L, 2, "JSON string");
-    cJSON *root;
-    lunar_lua_check_status(L, lunar_json_parse(lunar_lua_ctx(L), what, s, n, &root));
-    return push_tree(L, root);
+    return push_text(L, what, s, n);
 }
 
 /* ---- Lua -> JSON ------------------------------------------------------------------------------- */
@@ -338,7 +409,33 @@ static void indent(lunar_buf *b, int depth) {
 
 static int cmp_cstr(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
 
-static int encode(enc *e, int idx, int depth);
+static int encode(enc *e, int idx, int depth, int as_float);
+
+/* pushes the __json_floats set of the table at idx, or nil */
+static void push_float_set(lua_State *L, int idx) {
+    if (!lua_getmetatable(L, idx)) {
+        lua_pushnil(L);
+        return;
+    }
+    lua_getfield(L, -1, "__json_floats");
+    lua_remove(L, -2);
+    if (!lua_istable(L, -1)) {
+        lua_pop(L, 1);
+        lua_pushnil(L);
+    }
+}
+
+/* is the member (key at the top of the stack) of the float set at fs marked? pops the key */
+static int marked(lua_State *L, int fs) {
+    if (lua_isnil(L, fs)) {
+        lua_pop(L, 1);
+        return 0;
+    }
+    lua_rawget(L, fs);
+    int m = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return m;
+}
 
 /* path bookkeeping: append ".key" or "[i]"; restore with the returned length */
 static size_t path_push(enc *e, const char *key, int index) {
@@ -373,34 +470,46 @@ static int encode_table(enc *e, int idx, int depth) {
         lua_pop(L, 1);
     }
     int n = (int)lua_objlen(L, idx);
+    push_float_set(L, idx);
+    int fs = lua_gettop(L), ok = 1;
     if (is_array_mt || (count > 0 && all_int && n == count)) {
         if (n == 0) {
             lunar_buf_puts(&e->b, "[]");
+            lua_pop(L, 1);
             return 1;
         }
         lunar_buf_puts(&e->b, "[");
-        for (int i = 1; i <= n; i++) {
+        for (int i = 1; i <= n && ok; i++) {
             if (i > 1) lunar_buf_puts(&e->b, ",");
             indent(&e->b, depth + 1);
             size_t saved = path_push(e, NULL, i);
+            lua_pushinteger(L, i);
+            int as_float = marked(L, fs);
             lua_rawgeti(L, idx, i);
-            int ok = encode(e, lua_gettop(L), depth + 1);
+            ok = encode(e, lua_gettop(L), depth + 1, as_float);
             lua_pop(L, 1);
             e->path[saved] = 0;
-            if (!ok) return 0;
         }
+        lua_pop(L, 1);
+        if (!ok) return 0;
         indent(&e->b, depth);
         lunar_buf_puts(&e->b, "]");
         return 1;
     }
     if (count == 0) {
         lunar_buf_puts(&e->b, "{}");
+        lua_pop(L, 1);
         return 1;
     }
-    if (!all_str)
+    if (!all_str) {
+        lua_pop(L, 1);
         return enc_fail(e, "%s: a table must be an array (keys 1..n) or have only string keys%s", "");
+    }
     const char **keys = malloc(sizeof *keys * (size_t)count);
-    if (!keys) return enc_fail(e, "%s: out of memory%s", "");
+    if (!keys) {
+        lua_pop(L, 1);
+        return enc_fail(e, "%s: out of memory%s", "");
+    }
     int k = 0;
     lua_pushnil(L);
     while (lua_next(L, idx)) {
@@ -409,26 +518,29 @@ static int encode_table(enc *e, int idx, int depth) {
     }
     qsort(keys, (size_t)k, sizeof *keys, cmp_cstr);
     lunar_buf_puts(&e->b, "{");
-    int ok = 1;
     for (int i = 0; i < k && ok; i++) {
         if (i) lunar_buf_puts(&e->b, ",");
         indent(&e->b, depth + 1);
         lunar_json_put_string(&e->b, keys[i], strlen(keys[i]));
         lunar_buf_puts(&e->b, ": ");
         size_t saved = path_push(e, keys[i], 0);
-        lua_getfield(L, idx, keys[i]);
-        ok = encode(e, lua_gettop(L), depth + 1);
+        lua_pushstring(L, keys[i]);
+        int as_float = marked(L, fs);
+        lua_pushstring(L, keys[i]);
+        lua_rawget(L, idx);
+        ok = encode(e, lua_gettop(L), depth + 1, as_float);
         lua_pop(L, 1);
         e->path[saved] = 0;
     }
     free(keys);
+    lua_pop(L, 1);
     if (!ok) return 0;
     indent(&e->b, depth);
     lunar_buf_puts(&e->b, "}");
     return 1;
 }
 
-static int encode(enc *e, int idx, int depth) {
+static int encode(enc *e, int idx, int depth, int as_float) {
     lua_State *L = e->L;
     switch (lua_type(L, idx)) {
     case LUA_TNIL:
@@ -438,7 +550,7 @@ static int encode(enc *e, int idx, int depth) {
         lunar_buf_puts(&e->b, lua_toboolean(L, idx) ? "true" : "false");
         return 1;
     case LUA_TNUMBER:
-        if (!lunar_json_put_number(&e->b, lua_tonumber(L, idx)))
+        if (!(as_float ? lunar_json_put_float : lunar_json_put_number)(&e->b, lua_tonumber(L, idx)))
             return enc_fail(e, "%s: %s cannot be written as JSON", isnan(lua_tonumber(L, idx)) ? "NaN" : "an infinity");
         return 1;
     case LUA_TSTRING: {
@@ -465,7 +577,7 @@ static int encode(enc *e, int idx, int depth) {
 static void encode_value(lua_State *L, int idx, enc *e) {
     memset(e, 0, sizeof *e);
     e->L = L;
-    int ok = encode(e, idx, 0);
+    int ok = encode(e, idx, 0, 0);
     if (ok) lunar_buf_puts(&e->b, "\n");
     if (ok && e->b.oom) {
         ok = 0;

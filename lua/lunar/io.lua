@@ -31,6 +31,21 @@ function M.is_null(v) return v == C.null end
 -- mark a table as a JSON array, so that an empty one is written as [] rather than {}
 function M.array(t) return setmetatable(t or {}, C.array_mt) end
 
+-- mark t[key] as a float, so that write_json writes 1 as 1.0 (read_json marks the numbers the
+-- file wrote as floats this way; transformers' strict configs reject 1 where a float is due)
+function M.mark_float(t, key)
+    local mt = getmetatable(t)
+    if mt == nil then
+        mt = {}
+        setmetatable(t, mt)
+    elseif mt == C.array_mt then
+        fail('mark_float: an empty JSON array has no members to mark')
+    end
+    mt.__json_floats = mt.__json_floats or {}
+    mt.__json_floats[key] = true
+    return t
+end
+
 M.read_json = C.read_json
 M.write_json = C.write_json
 -- decode_json(text[, what]) -> value; encode_json(value) -> text (sorted keys, indent 2)

@@ -267,6 +267,8 @@ static void test_bad_inputs(lunar_ctx *ctx) {
     expect_open_error(ctx, "F4 odd count", p, "does not end on a byte boundary");
     make_file(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],\"data_offsets\":[0,8]}}", 0, 8);
     expect_open_error(ctx, "numel overflow", p, "too many elements");
+    make_file(p, "{\"a\":{\"dtype\":\"F32\",\"shape\":[0,4294967296,4294967296],\"data_offsets\":[0,0]}}", 0, 0);
+    expect_open_error(ctx, "empty but huge strides", p, "too many elements");
     make_file(p, "{\"a\":7}", 0, 0);
     expect_open_error(ctx, "entry not an object", p, "tensor 'a' must be an object");
 

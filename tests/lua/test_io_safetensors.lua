@@ -351,6 +351,14 @@ T:test('JSON: read, null, arrays, errors with line and column, sorted atomic wri
     eq(lio.encode_json(lio.array()), '[]\n', 'marked empty array')
     eq(lio.encode_json({1, {k = 'v"\n'}}), '[\n  1,\n  {\n    "k": "v\\"\\n"\n  }\n]\n', 'escapes')
     eq(lio.decode_json('{"x": [10000000000, -3]}').x[1], 1e10, 'decode')
+    -- float literals stay floats: 1.0 is written back as 1.0, 1 as 1
+    local c = lio.decode_json('{"f": 1.0, "i": 1, "l": [2.0, 3, 4.5e3], "s": "1.0", "n": {"e": 1E2}}')
+    eq(lio.encode_json(c), '{\n  "f": 1.0,\n  "i": 1,\n  "l": [\n    2.0,\n    3,\n    4500.0\n  ],\n  "n": {\n'
+        .. '    "e": 100.0\n  },\n  "s": "1.0"\n}\n', 'float literals kept')
+    c.f, c.i = 2, 2
+    eq(lio.encode_json(c):match('"f": [^,]*'), '"f": 2.0', 'a float field stays a float')
+    eq(lio.encode_json(c):match('"i": [^,]*'), '"i": 2', 'an int field stays an int')
+    eq(lio.encode_json(lio.mark_float({x = 3}, 'x')), '{\n  "x": 3.0\n}\n', 'mark_float')
 end)
 
 local rc = T:run()

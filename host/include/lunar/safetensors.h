@@ -1,6 +1,6 @@
 /* safetensors.h: reading and writing safetensors files and sharded Hugging Face checkpoints.
  *
- * Format (docs/checkpoints.md has the details): an 8-byte little-endian header length N, N bytes
+ * Format (docs/architecture.md section 9b has lunar's rules): an 8-byte little-endian header length N, N bytes
  * of JSON ({"__metadata__": {str: str}, "<name>": {"dtype", "shape", "data_offsets"}, ...}),
  * then the tensor bytes, row-major, with no holes.
  *
