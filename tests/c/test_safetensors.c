@@ -56,6 +56,23 @@ static int file_exists(const char *p) {
     return stat(p, &sb) == 0;
 }
 
+/* how many mappings of the file at path this process has (from /proc/self/maps) */
+static int mappings_of(const char *path) {
+    char real[4096], line[8192];
+    if (!realpath(path, real)) return -1;
+    FILE *f = fopen("/proc/self/maps", "r");
+    if (!f) return -1;
+    int n = 0;
+    size_t rl = strlen(real);
+    while (fgets(line, sizeof line, f)) {
+        size_t l = strlen(line);
+        while (l && (line[l - 1] == '\n' || line[l - 1] == ' ')) line[--l] = 0;
+        if (l >= rl && strcmp(line + l - rl, real) == 0) n++;
+    }
+    fclose(f);
+    return n;
+}
+
 /* ---- golden file --------------------------------------------------------------------------- */
 
 static void test_golden(lunar_ctx *ctx) {
@@ -78,8 +95,10 @@ static void test_golden(lunar_ctx *ctx) {
     CHECK(lunar_safetensors_tensor(ctx, &norm, f, "model.norm.weight") == LUNAR_OK, "norm");
     CHECK(strcmp(q.name, "model.layers.0.mlp.down_proj.weight") == 0, "view is named after the tensor");
     CHECK(emb.storage->kind == LUNAR_STORAGE_EXTERNAL, "zero-copy view");
+    CHECK(mappings_of(GOLDEN) == 1, "mapped once: %d", mappings_of(GOLDEN));
     /* the views outlive the file object */
     lunar_safetensors_close(ctx, f);
+    CHECK(mappings_of(GOLDEN) == 1, "still mapped while views remain");
     for (int i = 0; i < 8; i++) {
         double v = lunar_bf16_to_f32(((const uint16_t *)lunar_tensor_data(&emb))[i]);
         CHECK(v == expect[i], "bf16[%d] = %g", i, v);
@@ -107,6 +126,18 @@ static void test_golden(lunar_ctx *ctx) {
     free(b);
     lunar_tensor *all[] = {&emb, &q, &s, &norm, &w};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) lunar_tensor_release(ctx, all[i]);
+    CHECK(mappings_of(GOLDEN) == 0, "unmapped after the file is closed and the last view is gone: %d",
+          mappings_of(GOLDEN));
+    /* closing with no view unmaps at once; a freed view drops its reference too */
+    f = NULL;
+    lunar_safetensors_open(ctx, &f, GOLDEN);
+    lunar_tensor v = {0};
+    lunar_safetensors_tensor(ctx, &v, f, "model.norm.weight");
+    lunar_safetensors_close(ctx, f);
+    lunar_storage_free(ctx, v.storage);
+    CHECK(mappings_of(GOLDEN) == 0, "unmapped after free() of the last view");
+    CHECK(lunar_tensor_check(ctx, &v) == LUNAR_ERR_STALE, "freed view is stale");
+    lunar_tensor_release(ctx, &v);
 }
 
 /* ---- every dtype round trip ------------------------------------------------------------------ */
