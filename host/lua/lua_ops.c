@@ -13,5 +13,6 @@ void lunar_lua_open_ops(lua_State *L) {
     lunar_lua_ops_sort(L);
     lunar_lua_ops_mask(L);
     lunar_lua_ops_adamw(L);
+    lunar_lua_ops_fp8(L);
     lua_setfield(L, -2, "ops");
 }

@@ -89,6 +89,7 @@ static const lunar_backend cpu_backend = {
     .causal_mask = lunar_cpu_causal_mask,
     .block_mask = lunar_cpu_block_mask,
     .adamw_step = lunar_cpu_adamw_step,
+    .fp8_block_dequant = lunar_cpu_fp8_block_dequant,
 };
 
 const lunar_backend *lunar_backend_cpu(void) { return &cpu_backend; }

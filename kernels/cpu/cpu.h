@@ -105,4 +105,8 @@ lunar_status lunar_cpu_block_mask(lunar_ctx *ctx, lunar_tensor *out, const lunar
 lunar_status lunar_cpu_adamw_step(lunar_ctx *ctx, lunar_tensor *param, lunar_tensor *master, lunar_tensor *m,
                                   lunar_tensor *v, const lunar_tensor *grad, const lunar_adamw_hparams *hp);
 
+/* fp8.c */
+lunar_status lunar_cpu_fp8_block_dequant(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *q,
+                                         const lunar_tensor *scale_inv, int64_t block_m, int64_t block_n);
+
 #endif

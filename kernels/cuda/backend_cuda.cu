@@ -170,6 +170,7 @@ static lunar_backend make_cuda_backend(void) {
     b.causal_mask = lunar_cuda_causal_mask;
     b.block_mask = lunar_cuda_block_mask;
     b.adamw_step = lunar_cuda_adamw_step;
+    b.fp8_block_dequant = lunar_cuda_fp8_block_dequant;
     return b;
 }
 

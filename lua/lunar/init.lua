@@ -63,11 +63,14 @@ function lunar.cuda_built() return core.cuda_built() end
 function lunar.synchronize(device) core.synchronize(device) end
 function lunar.memory_stats(device) return core.pool_stats(device) end
 
--- lunar.dist is loaded on first use (it initialises MPI when launched under mpirun).
+-- lunar.dist is loaded on first use (it initialises MPI when launched under mpirun); so are
+-- lunar.io (checkpoints, JSON) and lunar.model.
+local lazy = {dist = 'lunar.dist', io = 'lunar.io', model = 'lunar.model'}
 setmetatable(lunar, {__index = function(t, k)
-    if k == 'dist' then
-        local d = require 'lunar.dist'
-        rawset(t, 'dist', d)
+    local mod = lazy[k]
+    if mod then
+        local d = require(mod)
+        rawset(t, k, d)
         return d
     end
 end})

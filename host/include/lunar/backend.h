@@ -148,6 +148,11 @@ struct lunar_backend {
     /* param and grad each keep their own float dtype (a bf16 param may have an f32 grad) */
     lunar_status (*adamw_step)(lunar_ctx *ctx, lunar_tensor *param, lunar_tensor *master, lunar_tensor *m,
                                lunar_tensor *v, const lunar_tensor *grad, const lunar_adamw_hparams *hp);
+
+    /* q (M, N) stays f8e4m3 / f8e5m2 (the exception to the float dtype rule), scale_inv
+     * (ceil(M/block_m), ceil(N/block_n)) f32, out (M, N) in float_dtypes */
+    lunar_status (*fp8_block_dequant)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *q,
+                                      const lunar_tensor *scale_inv, int64_t block_m, int64_t block_n);
 };
 
 /* Backends that were built (the CUDA one only with LUNAR_WITH_CUDA). */

@@ -231,6 +231,16 @@ lunar_status lunar_adamw_step(lunar_ctx *ctx, lunar_tensor *param, lunar_tensor 
                               lunar_tensor *m, lunar_tensor *v, const lunar_tensor *grad,
                               const lunar_adamw_hparams *hp);
 
+/* ---- FP8 ---------------------------------------------------------------------------------- */
+
+/* Block dequantisation of DeepSeek / GLM-5 FP8 checkpoints:
+ *   out[i, j] = f32(q[i, j]) * scale_inv[i / block_m, j / block_n]
+ * computed in f32, then rounded to out's float dtype (edge blocks are partial).
+ *   q (M, N) f8e4m3 or f8e5m2, scale_inv (ceil(M / block_m), ceil(N / block_n)) float,
+ *   out (M, N) float. Wrong shapes are errors naming both q and scale_inv. */
+lunar_status lunar_fp8_block_dequant(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *q,
+                                     const lunar_tensor *scale_inv, int64_t block_m, int64_t block_n);
+
 #ifdef __cplusplus
 }
 #endif
