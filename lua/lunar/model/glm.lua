@@ -41,7 +41,8 @@ local function build_layer(store, cfg, i, opts)
     L.input_norm = nn.RMSNorm.new(store, p .. '.input_layernorm', cfg.rms_norm_eps)
     L.post_norm = nn.RMSNorm.new(store, p .. '.post_attention_layernorm', cfg.rms_norm_eps)
     if cfg.model_type == 'glm_moe_dsa' then
-        local kind = params.has_indexer(cfg, i) and 'full' or 'shared'
+        -- MTP layers (i >= num_hidden_layers) run their own indexer
+        local kind = (i >= cfg.num_hidden_layers or params.has_indexer(cfg, i)) and 'full' or 'shared'
         L.attn = nn.MLA.new(store, p .. '.self_attn', cfg, {indexer = kind,
             indexer_loss_coeff = opts.indexer_loss_coeff or 0, indexer_loss = opts.indexer_loss})
     else
@@ -266,7 +267,7 @@ function Model:forward(batch, opts)
         saved.ce = {logits = logits, lse = lse, targets = tg, denom = denom}
     end
     if opts.mtp and #self.mtp > 0 then
-        out.mtp_loss = self:_mtp_forward(batch, b, hidden, saved, prev_topk)
+        out.mtp_loss = self:_mtp_forward(batch, b, xf, saved)
     end
     if opts.keep ~= false then self.saved = saved else self.saved = nil end
     return out
@@ -274,8 +275,10 @@ end
 
 -- MTP (DeepSeek-V3 style, depth 1): for position s, h' = eh_proj([enorm(embed(t_{s+1})),
 -- hnorm(h_s)]) runs through the MTP decoder layer; shared_head.norm then lm_head predict
--- t_{s+2}. h_s is the main model's last hidden state before its final norm.
-function Model:_mtp_forward(batch, b, hidden, saved, prev_topk)
+-- t_{s+2}. h_s is the main model's last hidden state after its final norm (as vLLM and SGLang
+-- feed it), not detached. The last position has no next token (id 0 is fed) and no target; the
+-- attention is causal, so it changes nothing at the other positions.
+function Model:_mtp_forward(batch, b, hidden, saved)
     local d = self.mtp[1]
     local B, T, H = b.B, b.T, self.cfg.hidden_size
     local ids = batch.input_ids
@@ -313,8 +316,7 @@ function Model:backward(opts)
     local saved = self.saved
     if not saved or not saved.ce then fail('backward: call forward(batch, {loss = true}) first') end
     local dlogits = ce_backward(saved.ce, opts.loss_scale or 1)
-    local dx = self.lm_head:backward(dlogits, saved.head)
-    dx = self.norm:backward(dx, saved.norm)
+    local dx = self.lm_head:backward(dlogits, saved.head)     -- gradient of the final norm's output
     if saved.mtp and (opts.mtp_scale or 0) ~= 0 then
         local s = saved.mtp
         local d = self.mtp[1]
@@ -328,6 +330,7 @@ function Model:backward(opts)
         self.embed:backward(de, s.s_e)
         ops.add_(dx, d.hnorm:backward(dcat:narrow(2, H + 1, H):contiguous(), s.s_hn))
     end
+    dx = self.norm:backward(dx, saved.norm)
     local ixloss = 0
     for i = #self.layers, 1, -1 do
         local l

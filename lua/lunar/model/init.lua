@@ -1,6 +1,153 @@
--- lunar.model: GLM-5 / GLM-4.x models. For now: config (validated Hugging Face config.json).
-local M = {}
+-- lunar.model: GLM-5 (GlmMoeDsaForCausalLM) and GLM-4.x MoE (Glm4MoeForCausalLM) models.
+--
+--   local model = lunar.model.load('/ckpt/GLM-5.2', {dtype = 'f32'})   -- HF checkpoint directory
+--   local model = lunar.model.new(config, {seed = 1})                  -- config: table or path
+--   local out = model:forward(batch, {loss = true}); model:backward()
+--   model:parameters(), model:gradients()                              -- by checkpoint name
+--   model:save_hf('/out/dir')                                          -- transformers loads it
+--
+-- Import followed by export without training gives the same tensors (names, dtypes, shapes,
+-- bytes): each tensor is written back in the dtype it was read in, and experts in the layout
+-- they were read in (per-expert, as published, or fused).
+local core = require 'lunar.core'
+local tensor = require 'lunar.tensor'
+local io = require 'lunar.io'
+local nn = require 'lunar.nn'
+local config = require 'lunar.model.config'
+local params = require 'lunar.model.params'
+local glm = require 'lunar.model.glm'
 
-M.config = require 'lunar.model.config'
+local M = {config = config, glm = glm, params = params}
+
+local fail = tensor.fail
+
+local function cfg_of(c)
+    if type(c) == 'string' then
+        if c:match('%.json$') then return config.load(c) end
+        return config.load(c .. '/config.json')
+    end
+    if type(c) == 'table' and c.model_type and c.raw then return c end
+    return config.from_table(c, 'config table')
+end
+
+-- lunar.model.new(config, {seed=, dtype=, device=, indexer_loss_coeff=}) -> a model with fresh weights
+function M.new(c, opts)
+    if type(opts) == 'number' then opts = {seed = opts} end
+    return glm.new(cfg_of(c), opts or {})
+end
+
+local function shape_str(s) return '(' .. table.concat(s, ', ') .. ')' end
+
+local function same_shape(t, s)
+    local ts = t:size()
+    if #ts ~= #s then return false end
+    for i = 1, #s do if ts[i] ~= s[i] then return false end end
+    return true
+end
+
+-- lunar.model.load(dir, opts) -> model
+--   opts: dtype (compute dtype of the parameters, default f32), device, indexer_loss_coeff,
+--   strict (default true: tensors the model does not know are an error).
+function M.load(dir, opts)
+    opts = opts or {}
+    local cfg = cfg_of(dir)
+    local ckpt_path = dir
+    local tensors, metadata = io.load_checkpoint(ckpt_path, {quiet = opts.quiet})
+    -- fused expert tensors (HF's in-memory layout) -> per-expert names
+    local fused = {}
+    local split = {}
+    for name, t in pairs(tensors) do
+        local parts = params.split_fused_experts(name, t)
+        if parts then
+            fused[name] = t:dtype()
+            for k, v in pairs(parts) do split[k] = v end
+        end
+    end
+    for name in pairs(fused) do tensors[name] = nil end
+    for k, v in pairs(split) do tensors[k] = v end
+
+    local spec = params.spec(cfg)
+    local known, missing = {}, {}
+    for _, s in ipairs(spec) do
+        known[s.name] = s
+        if not tensors[s.name] then missing[#missing + 1] = s.name end
+    end
+    if #missing > 0 then
+        table.sort(missing)
+        fail(('%s: %d tensor%s missing from the checkpoint, e.g. %s'):format(dir, #missing, #missing == 1 and ' is' or 's are',
+            table.concat(missing, ', ', 1, math.min(#missing, 5))))
+    end
+    local unexpected = {}
+    for name in pairs(tensors) do if not known[name] then unexpected[#unexpected + 1] = name end end
+    table.sort(unexpected)
+    if #unexpected > 0 and opts.strict ~= false then
+        fail(('%s: %d tensor%s the %s model does not have, e.g. %s'):format(dir, #unexpected,
+            #unexpected == 1 and '' or 's', cfg.architecture, table.concat(unexpected, ', ', 1, math.min(#unexpected, 5))))
+    end
+
+    local store = nn.params.new()
+    local source_dtypes = {}
+    local indexer_trainable = (opts.indexer_loss_coeff or 0) > 0
+    for _, s in ipairs(spec) do
+        local t = tensors[s.name]
+        if not same_shape(t, s.shape) then
+            fail(('%s: tensor %s has shape %s, the config says %s'):format(dir, s.name, shape_str(t:size()), shape_str(s.shape)))
+        end
+        source_dtypes[s.name] = t:dtype()
+        local want = s.dtype or opts.dtype or 'f32'
+        local p = core.convert(t, want, opts.device)     -- always a new tensor: never a view of the file
+        local trainable = s.trainable
+        if s.name:find('.indexer.', 1, true) then trainable = indexer_trainable end
+        store:add(s.name, p, trainable)
+    end
+    local model = glm.from_params(cfg, store, opts)
+    model.source = {path = dir, dtypes = source_dtypes, fused = fused, metadata = metadata}
+    return model
+end
+
+-- model:save_hf(dir, {dtype=, max_shard_bytes=, metadata=}): config.json + safetensors.
+-- Without dtype every tensor keeps the dtype it was loaded in (new models: its own dtype).
+function glm.Model:save_hf(dir, opts)
+    opts = opts or {}
+    local src = self.source or {dtypes = {}, fused = {}}
+    local out = {}
+    for name in self.params:names() do
+        local t = self.params:get(name)
+        local dt = opts.dtype or src.dtypes[name] or t:dtype()
+        if name:find('e_score_correction_bias', 1, true) then dt = src.dtypes[name] or 'f32' end
+        out[name] = t:to(dt, 'cpu')
+    end
+    -- write fused experts back in the layout they came in
+    for fname, fdt in pairs(src.fused) do
+        local prefix, which = fname:match('^(.*%.mlp%.experts)%.([%w_]+)$')
+        local E = self.cfg.n_routed_experts
+        local first = out[('%s.0.%s.weight'):format(prefix, which == 'down_proj' and 'down_proj' or 'gate_proj')]
+        local per = first:size()
+        local t
+        if which == 'gate_up_proj' then
+            t = core.empty({E, 2 * per[1], per[2]}, opts.dtype or fdt, 'cpu')
+            for e = 0, E - 1 do
+                local g, u = ('%s.%d.gate_proj.weight'):format(prefix, e), ('%s.%d.up_proj.weight'):format(prefix, e)
+                t:select(1, e + 1):narrow(1, 1, per[1]):copy_(out[g])
+                t:select(1, e + 1):narrow(1, per[1] + 1, per[1]):copy_(out[u])
+                out[g], out[u] = nil, nil
+            end
+        else
+            t = core.empty({E, per[1], per[2]}, opts.dtype or fdt, 'cpu')
+            for e = 0, E - 1 do
+                local d = ('%s.%d.down_proj.weight'):format(prefix, e)
+                t:select(1, e + 1):copy_(out[d])
+                out[d] = nil
+            end
+        end
+        out[fname] = t
+    end
+    os.execute(('mkdir -p %q'):format(dir))
+    local raw = self.cfg.raw or {}
+    io.write_json(dir .. '/config.json', raw)
+    local md = opts.metadata or (src.metadata and next(src.metadata) and src.metadata) or {format = 'pt'}
+    io.save_checkpoint(dir, out, {max_shard_bytes = opts.max_shard_bytes, metadata = md})
+    return dir
+end
 
 return M
