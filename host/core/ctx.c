@@ -191,6 +191,20 @@ void lunar_scope_keep(lunar_ctx *ctx, lunar_storage *s) {
         if (f->items[i] == s) f->kept[i] = 1;
 }
 
+void lunar_scope_untrack(lunar_ctx *ctx, lunar_storage *s) {
+    for (int d = ctx->scope_depth - 1; d >= 0; d--) {
+        lunar_scope_frame *f = &ctx->scopes[d];
+        for (size_t i = 0; i < f->count; i++) {
+            if (f->items[i] != s) continue;
+            f->items[i] = f->items[f->count - 1];
+            f->kept[i] = f->kept[f->count - 1];
+            f->count--;
+            lunar_storage_release(ctx, s);
+            return;
+        }
+    }
+}
+
 void lunar_scope_pop(lunar_ctx *ctx) {
     if (ctx->scope_depth == 0) return;
     lunar_scope_frame *f = &ctx->scopes[--ctx->scope_depth];

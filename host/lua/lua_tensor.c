@@ -467,6 +467,14 @@ static int l_scope_keep(lua_State *L) {
     return 0;
 }
 
+/* core.persist(t): t's storage is no longer freed by the open scopes; returns t */
+static int l_persist(lua_State *L) {
+    lunar_tensor *t = lunar_lua_check_tensor_raw(L, 1);
+    if (t->storage) lunar_scope_untrack(lunar_lua_ctx(L), t->storage);
+    lua_settop(L, 1);
+    return 1;
+}
+
 static int l_scope_depth(lua_State *L) {
     lua_pushinteger(L, lunar_scope_depth(lunar_lua_ctx(L)));
     return 1;
@@ -553,7 +561,7 @@ static const luaL_Reg core_funcs[] = {
     {"empty", l_empty}, {"from_flat", l_from_flat}, {"convert", l_convert},
     {"same_storage", l_same_storage}, {"broadcast_shape", l_broadcast_shape},
     {"scope_push", l_scope_push}, {"scope_pop", l_scope_pop}, {"scope_keep", l_scope_keep},
-    {"scope_depth", l_scope_depth}, {"threads", l_threads}, {"device_count", l_device_count},
+    {"scope_depth", l_scope_depth}, {"persist", l_persist}, {"threads", l_threads}, {"device_count", l_device_count},
     {"cuda_built", l_cuda_built}, {"pool_stats", l_pool_stats}, {"pool_trim", l_pool_trim},
     {"synchronize", l_synchronize}, {"user_where", l_user_where},
     {NULL, NULL},

@@ -42,6 +42,10 @@ function lunar.scope(fn, ...)
     return unpack(res, 2, table.maxn(res))
 end
 
+-- lunar.persist(t): t survives the lunar.scope() it was created in (model weights, gradients
+-- and optimizer state created inside a step). Returns t.
+function lunar.persist(t) return core.persist(t) end
+
 -- Arenas: one block of memory for tensors that share a lifetime (see docs/architecture.md).
 function lunar.arena(name, bytes, device)
     return core.arena_new(name, bytes, device)

@@ -78,6 +78,15 @@ T:test('scope frees what it does not return', function()
     T.equal(kept, {1, 1, 1}, 'returned tensor kept')
 end)
 
+T:test('persist: a tensor made inside a scope can outlive it', function()
+    local kept
+    lunar.scope(function()
+        lunar.scope(function() kept = lunar.persist(lunar.ones(3)) end)
+    end)
+    assert(kept:is_valid(), 'persisted tensor survives nested scopes')
+    T.equal(kept, {1, 1, 1}, 'values intact')
+end)
+
 T:test('arena views go stale on reset', function()
     local a = lunar.arena('step', 65536)
     local x = a:tensor({4, 4}, 'f32', 'acts.x')

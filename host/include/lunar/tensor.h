@@ -181,6 +181,8 @@ lunar_pool_stats lunar_pool_stats_get(const lunar_pool *p);
 lunar_status lunar_scope_push(lunar_ctx *ctx);
 lunar_status lunar_scope_track(lunar_ctx *ctx, lunar_storage *s);   /* no-op outside a scope */
 void         lunar_scope_keep(lunar_ctx *ctx, lunar_storage *s);
+/* Stop tracking s in any open scope: it outlives them (parameters, gradients, optimizer state). */
+void         lunar_scope_untrack(lunar_ctx *ctx, lunar_storage *s);
 void         lunar_scope_pop(lunar_ctx *ctx);
 int          lunar_scope_depth(const lunar_ctx *ctx);
 

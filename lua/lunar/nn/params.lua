@@ -22,6 +22,7 @@ end
 -- Registers a parameter (or replaces the tensor of an existing one). Returns the tensor.
 function Params:add(name, t, trainable)
     if self.tensors[name] == nil then self.order[#self.order + 1] = name end
+    lunar_core.persist(t)   -- parameters outlive any lunar.scope they were made in
     t:set_name(name)
     self.tensors[name] = t
     self.trainable[name] = trainable ~= false
@@ -51,6 +52,7 @@ function Params:grad(name)
         local t = self.tensors[name]
         g = lunar_core.empty(t:size(), self.grad_dtype, t:device()):fill_(0)
         g:set_name('grad.' .. name)
+        lunar_core.persist(g)
         self.grads[name] = g
     end
     return g
