@@ -129,6 +129,10 @@ lunar_device lunar_lua_opt_device(lua_State *L, int idx, lunar_device def) {
     return d;
 }
 
+/* An integer in [-1, 2^63) (-1: "infer" or "keep" in view/expand); the range is checked before
+ * the cast, which is undefined for values outside int64. */
+static int is_size(double v) { return v >= -1 && v < 9223372036854775808.0 && v == (double)(int64_t)v; }
+
 int lunar_lua_check_shape(lua_State *L, int idx, int64_t *shape) {
     int n = 0;
     if (lua_istable(L, idx)) {
@@ -139,7 +143,7 @@ int lunar_lua_check_shape(lua_State *L, int idx, int64_t *shape) {
             if (!lua_isnumber(L, -1)) lunar_lua_error(L, "shape entry %d is not a number", i + 1);
             double v = lua_tonumber(L, -1);
             lua_pop(L, 1);
-            if (v != (double)(int64_t)v || v < -1) lunar_lua_error(L, "shape entry %d is %g, not a size", i + 1, v);
+            if (!is_size(v)) lunar_lua_error(L, "shape entry %d is %g, not a valid size", i + 1, v);
             shape[i] = (int64_t)v;
         }
         return n;
@@ -148,7 +152,7 @@ int lunar_lua_check_shape(lua_State *L, int idx, int64_t *shape) {
     for (int i = idx; i <= top && lua_type(L, i) == LUA_TNUMBER; i++) {
         if (n >= LUNAR_MAX_DIMS) lunar_lua_error(L, "shape has more than %d dims", LUNAR_MAX_DIMS);
         double v = lua_tonumber(L, i);
-        if (v != (double)(int64_t)v || v < -1) lunar_lua_error(L, "size %g is not a valid size", v);
+        if (!is_size(v)) lunar_lua_error(L, "size %g is not a valid size", v);
         shape[n++] = (int64_t)v;
     }
     return n;

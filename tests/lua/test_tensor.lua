@@ -58,6 +58,18 @@ T:test('errors name shapes and point at the caller', function()
     T.raises(function() lunar.zeros(2, 2):size(3) end, 'dim 3 out of range')
 end)
 
+T:test('sizes past 64 bits and negative expands are errors, not tiny tensors', function()
+    -- 2^80 elements (or 2^64 bytes) used to wrap to a small allocation that :get could index past
+    T.raises(function() lunar.empty({2 ^ 40, 2 ^ 40}) end, 'too large')
+    T.raises(function() lunar.empty({2 ^ 62}) end, 'too large')
+    T.raises(function() lunar.empty({2 ^ 70}) end, 'not a valid size')
+    T.raises(function() lunar.zeros(3):expand(-1, 3) end, 'cannot be broadcast')
+    T.raises(function() lunar.zeros(1, 3):expand(2 ^ 40, 2 ^ 40, 3) end, 'cannot be broadcast')
+    T.raises(function() lunar.zeros(3):narrow(1, 2 ^ 62 + 1, 3 * 2 ^ 61) end, 'out of bounds')
+    local x = lunar.zeros(1, 3):expand(-1, 3)
+    assert(x:size(1) == 1 and x:size(2) == 3, '-1 keeps an existing size')
+end)
+
 T:test('free and use after free', function()
     local t = lunar.zeros(4)
     local v = t:narrow(1, 1, 2)
