@@ -86,25 +86,20 @@ lunar_tensor *lunar_lua_opt_tensor(lua_State *L, int idx) {
     return lunar_lua_check_tensor(L, idx);
 }
 
-void lunar_lua_push_tensor(lua_State *L, lunar_tensor *t) {
+lunar_tensor *lunar_lua_push_empty_tensor(lua_State *L) {
     lunar_lua_tensor *u = (lunar_lua_tensor *)lua_newuserdata(L, sizeof *u);
-    u->t = *t;
-    memset(t, 0, sizeof *t);
+    memset(u, 0, sizeof *u);
     luaL_getmetatable(L, LUNAR_TENSOR_MT);
     lua_setmetatable(L, -2);
+    return &u->t;
 }
 
 lunar_tensor *lunar_lua_new_tensor(lua_State *L, lunar_dtype dt, lunar_device dev, int ndim, const int64_t *shape) {
     lunar_ctx *ctx = lunar_lua_ctx(L);
-    lunar_tensor t = {0};
-    lunar_lua_check_status(L, lunar_tensor_new(ctx, &t, dt, dev, ndim, shape));
-    lunar_status st = lunar_scope_track(ctx, t.storage);
-    if (st != LUNAR_OK) {
-        lunar_tensor_release(ctx, &t);
-        lunar_lua_check_status(L, st);
-    }
-    lunar_lua_push_tensor(L, &t);
-    return &((lunar_lua_tensor *)lua_touserdata(L, -1))->t;
+    lunar_tensor *t = lunar_lua_push_empty_tensor(L);   /* owns the storage from here on */
+    lunar_lua_check_status(L, lunar_tensor_new(ctx, t, dt, dev, ndim, shape));
+    lunar_lua_check_status(L, lunar_scope_track(ctx, t->storage));
+    return t;
 }
 
 lunar_dtype lunar_lua_check_dtype(lua_State *L, int idx) {

@@ -77,6 +77,15 @@ T:test('free and use after free', function()
     t:free()   -- idempotent
     local err = T.raises(function() v:fill_(1) end, 'used after free')
     assert(err:find('test_tensor.lua'), err)
+    -- the metatable is reachable, so __gc must check its argument (it used to release whatever
+    -- userdata it got as a tensor) and leave a collected tensor unusable, not dangling
+    local gc = getmetatable(lunar.zeros(1)).__gc
+    T.raises(function() gc(lunar.rng(1)) end, 'expected a tensor')
+    T.raises(function() gc({}) end, 'expected a tensor')
+    local w = lunar.zeros(2)
+    gc(w)
+    gc(w)
+    T.raises(function() w:fill_(1) end, 'no storage')
 end)
 
 T:test('scope frees what it does not return', function()
