@@ -84,6 +84,14 @@ end
 -- the extreme over the 0-based dim d through top-1 along the last dim
 local function top1(op, x, d, keepdim, largest)
     local nd = x:dim()
+    if x:size(d + 1) == 0 then
+        local others = 1
+        for i = 1, nd do if i ~= d + 1 then others = others * x:size(i) end end
+        if others > 0 then
+            fail(('%s: cannot take the %s of an empty extent (x %shas 0 elements along dim %d)'):format(
+                op, op, label(x), d + 1))
+        end
+    end
     local xt = d == nd - 1 and x or x:transpose(d + 1, nd)
     local v, i = sort.topk(xt, 1, {largest = largest})
     if d ~= nd - 1 then v, i = v:transpose(d + 1, nd), i:transpose(d + 1, nd) end
