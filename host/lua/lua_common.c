@@ -65,10 +65,21 @@ int lunar_lua_is_tensor(lua_State *L, int idx) {
     return eq;
 }
 
+/* "name: argument idx" of the running C function (its name as Lua called it: "reduce" for
+ * core.ops.reduce, "fill_" for t:fill_), so argument errors name the op. */
+static void arg_where(lua_State *L, int idx, char *buf, size_t n) {
+    lua_Debug ar;
+    const char *fn = NULL;
+    if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar)) fn = ar.name;
+    if (idx < 0) idx = lua_gettop(L) + idx + 1;
+    snprintf(buf, n, "%s%sargument %d", fn ? fn : "", fn ? ": " : "", idx);
+}
+
 lunar_tensor *lunar_lua_check_tensor_raw(lua_State *L, int idx) {
     if (!lunar_lua_is_tensor(L, idx)) {
-        if (idx < 0) idx = lua_gettop(L) + idx + 1;
-        lunar_lua_error(L, "argument %d: expected a tensor, got %s", idx, luaL_typename(L, idx));
+        char where[128];
+        arg_where(L, idx, where, sizeof where);
+        lunar_lua_error(L, "%s: expected a tensor, got %s", where, luaL_typename(L, idx));
     }
     return &((lunar_lua_tensor *)lua_touserdata(L, idx))->t;
 }
@@ -76,8 +87,12 @@ lunar_tensor *lunar_lua_check_tensor_raw(lua_State *L, int idx) {
 lunar_tensor *lunar_lua_check_tensor(lua_State *L, int idx) {
     lunar_tensor *t = lunar_lua_check_tensor_raw(L, idx);
     lunar_ctx *ctx = lunar_lua_ctx(L);
-    if (!t->storage) lunar_lua_error(L, "argument %d: tensor has no storage", idx);
-    if (lunar_tensor_check(ctx, t) != LUNAR_OK) lunar_lua_error(L, "%s", lunar_ctx_error(ctx));
+    if (!t->storage || lunar_tensor_check(ctx, t) != LUNAR_OK) {
+        char where[128];
+        arg_where(L, idx, where, sizeof where);
+        if (!t->storage) lunar_lua_error(L, "%s: tensor '%s' has no storage", where, lunar_tensor_label(t));
+        lunar_lua_error(L, "%s: %s", where, lunar_ctx_error(ctx));
+    }
     return t;
 }
 
