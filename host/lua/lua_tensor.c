@@ -62,34 +62,28 @@ static int l_from_flat(lua_State *L) {
 
 /* ---- metadata ------------------------------------------------------------------------------ */
 
-static int l_size(lua_State *L) {
-    lunar_tensor *t = lunar_lua_check_tensor_raw(L, 1);
+/* t:size([dim]) / t:stride([dim]): one entry of dims (a 1-based Lua dim), or all as a table */
+static int push_dims(lua_State *L, const lunar_tensor *t, const int64_t *dims) {
     if (!lua_isnoneornil(L, 2)) {
-        int d = lunar_lua_check_dim(L, 2, t->ndim);
-        lua_pushnumber(L, (lua_Number)t->shape[d]);
+        lua_pushnumber(L, (lua_Number)dims[lunar_lua_check_dim(L, 2, t->ndim)]);
         return 1;
     }
     lua_createtable(L, t->ndim, 0);
     for (int i = 0; i < t->ndim; i++) {
-        lua_pushnumber(L, (lua_Number)t->shape[i]);
+        lua_pushnumber(L, (lua_Number)dims[i]);
         lua_rawseti(L, -2, i + 1);
     }
     return 1;
 }
 
+static int l_size(lua_State *L) {
+    lunar_tensor *t = lunar_lua_check_tensor_raw(L, 1);
+    return push_dims(L, t, t->shape);
+}
+
 static int l_stride(lua_State *L) {
     lunar_tensor *t = lunar_lua_check_tensor_raw(L, 1);
-    if (!lua_isnoneornil(L, 2)) {
-        int d = lunar_lua_check_dim(L, 2, t->ndim);
-        lua_pushnumber(L, (lua_Number)t->stride[d]);
-        return 1;
-    }
-    lua_createtable(L, t->ndim, 0);
-    for (int i = 0; i < t->ndim; i++) {
-        lua_pushnumber(L, (lua_Number)t->stride[i]);
-        lua_rawseti(L, -2, i + 1);
-    }
-    return 1;
+    return push_dims(L, t, t->stride);
 }
 
 static int l_dim(lua_State *L) { lua_pushinteger(L, lunar_lua_check_tensor_raw(L, 1)->ndim); return 1; }
