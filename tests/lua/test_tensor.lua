@@ -31,6 +31,33 @@ T:test('views share storage and index 1-based', function()
     assert(t:unsqueeze(1):size(1) == 1 and t:unsqueeze(1):squeeze(1):dim() == 2)
 end)
 
+T:test('copies between overlapping views of one storage', function()
+    -- shifting a buffer in place (a rolling window); the kernel's memcpy and its parallel
+    -- blocks used to read elements another block had already overwritten
+    for _, n in ipairs({5, 100000}) do
+        local x = lunar.arange(n)
+        x:narrow(1, 1, n - 1):copy_(x:narrow(1, 2, n - 1))
+        local want = {}
+        for i = 1, n - 1 do want[i] = i end
+        want[n] = n - 1
+        T.equal(x, want, 'shift left ' .. n)
+        local y = lunar.arange(n)
+        y:narrow(1, 2, n - 1):copy_(y:narrow(1, 1, n - 1))
+        want = {0}
+        for i = 2, n do want[i] = i - 2 end
+        T.equal(y, want, 'shift right ' .. n)
+    end
+    local a = lunar.arange(9):view(3, 3)
+    a:copy_(a:t())
+    T.equal(a, {0, 3, 6, 1, 4, 7, 2, 5, 8}, 'a:copy_(a:t())')
+    local b = lunar.arange(4)
+    b:copy_(b)
+    T.equal(b, {0, 1, 2, 3}, 'copy onto itself')
+    local c = lunar.arange(6):view(2, 3)
+    c:copy_(c:select(1, 2))   -- broadcast row 2 over both rows, row 2 included
+    T.equal(c, {3, 4, 5, 3, 4, 5}, 'broadcast a row over its own tensor')
+end)
+
 T:test('casts and conversions', function()
     local x = lunar.tensor({1.5, -2.25, 3.0e38, 1e-3})
     local b = x:bf16()
