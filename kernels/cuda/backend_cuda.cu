@@ -74,23 +74,23 @@ static void cuda_free(lunar_ctx *ctx, int device, void *ptr) {
     cudaFree(ptr);   // synchronises the device, so no kernel still uses the block
 }
 
-static lunar_status cuda_copy_to_host(lunar_ctx *ctx, int device, void *dst, const void *src, size_t n) {
+// A copy between host and device memory on the device's stream, finished before it returns:
+// the host side may be a stack buffer or be reused as soon as the call is over.
+static lunar_status copy_sync(lunar_ctx *ctx, int device, void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
     lunar_cuda_device *d;
     lunar_status st = lunar_cuda_device_get(ctx, device, &d);
     if (st != LUNAR_OK) return st;
-    LUNAR_CUDA_CHECK(ctx, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, d->stream));
+    LUNAR_CUDA_CHECK(ctx, cudaMemcpyAsync(dst, src, n, kind, d->stream));
     LUNAR_CUDA_CHECK(ctx, cudaStreamSynchronize(d->stream));
     return LUNAR_OK;
 }
 
+static lunar_status cuda_copy_to_host(lunar_ctx *ctx, int device, void *dst, const void *src, size_t n) {
+    return copy_sync(ctx, device, dst, src, n, cudaMemcpyDeviceToHost);
+}
+
 static lunar_status cuda_copy_from_host(lunar_ctx *ctx, int device, void *dst, const void *src, size_t n) {
-    lunar_cuda_device *d;
-    lunar_status st = lunar_cuda_device_get(ctx, device, &d);
-    if (st != LUNAR_OK) return st;
-    LUNAR_CUDA_CHECK(ctx, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, d->stream));
-    // the host buffer may be reused as soon as we return
-    LUNAR_CUDA_CHECK(ctx, cudaStreamSynchronize(d->stream));
-    return LUNAR_OK;
+    return copy_sync(ctx, device, dst, src, n, cudaMemcpyHostToDevice);
 }
 
 static lunar_status cuda_synchronize(lunar_ctx *ctx, int device) {
