@@ -27,7 +27,7 @@ end
 
 -- the 1-based dim of opts.dim (default last) and a function moving it to the end
 local function mover(op, x, opts)
-    if not tensor.is_tensor(x) then fail(op .. ': x must be a tensor, got a ' .. type(x)) end
+    tensor.check(x, 'x', op)
     local nd = x:dim()
     if nd == 0 then fail(op .. ': x is 0-dim; it needs a dim to sort along') end
     local d = opts.dim or nd
