@@ -134,6 +134,13 @@ T:test('arena views go stale on reset', function()
     local err = T.raises(function() x:fill_(1) end, "arena 'step'")
     assert(err:find('acts.x', 1, true), err)
     T.raises(function() a:tensor({1048576}) end, 'is full')
+    -- an empty tensor of an empty arena is valid (its storage had a NULL pointer, which the
+    -- validity check took for a freed one)
+    local e = lunar.arena('empty', 0)
+    local z = e:tensor({0, 3})
+    assert(z:is_valid(), 'empty arena tensor is valid')
+    T.equal(lunar.ops.sum(z, 1), {0, 0, 0}, 'sum of an empty arena tensor')
+    T.raises(function() e:tensor({1}) end, 'is full')
 end)
 
 T:test('rng streams are reproducible and splittable', function()
