@@ -170,6 +170,27 @@ lunar_status lunar_tensor_check(lunar_ctx *ctx, const lunar_tensor *t) {
     return LUNAR_OK;
 }
 
+/* [lo, hi) of the bytes of t's storage that t can address (lo == hi when t has no elements) */
+static void byte_span(const lunar_tensor *t, int64_t *lo, int64_t *hi) {
+    int64_t a = t->offset, b = t->offset;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] == 0) { *lo = *hi = 0; return; }
+        if (t->stride[i] > 0) b += (t->shape[i] - 1) * t->stride[i];
+        else a += (t->shape[i] - 1) * t->stride[i];
+    }
+    int64_t es = (int64_t)lunar_dtype_size(t->dtype);
+    *lo = a * es;
+    *hi = (b + 1) * es;
+}
+
+int lunar_tensor_overlaps(const lunar_tensor *a, const lunar_tensor *b) {
+    if (!a->storage || a->storage != b->storage) return 0;
+    int64_t a0, a1, b0, b1;
+    byte_span(a, &a0, &a1);
+    byte_span(b, &b0, &b1);
+    return a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1;
+}
+
 /* ---- views --------------------------------------------------------------------------------- */
 
 static lunar_status norm_dim(lunar_ctx *ctx, const lunar_tensor *t, int *dim, int extra, const char *what) {

@@ -3,35 +3,13 @@
 
 #include "prep.h"
 
-/* [lo, hi) of the bytes of t's storage that t addresses (lo == hi when t has no elements) */
-static void byte_span(const lunar_tensor *t, int64_t *lo, int64_t *hi) {
-    int64_t a = t->offset, b = t->offset;
-    for (int i = 0; i < t->ndim; i++) {
-        if (t->shape[i] == 0) { *lo = *hi = 0; return; }
-        if (t->stride[i] > 0) b += (t->shape[i] - 1) * t->stride[i];
-        else a += (t->shape[i] - 1) * t->stride[i];
-    }
-    int64_t es = (int64_t)lunar_dtype_size(t->dtype);
-    *lo = a * es;
-    *hi = (b + 1) * es;
-}
-
+/* dst and src are one view (a copy onto itself) */
 static int same_view(const lunar_tensor *a, const lunar_tensor *b) {
     if (a->storage != b->storage || a->dtype != b->dtype || a->offset != b->offset || !lunar_tensor_same_shape(a, b))
         return 0;
     for (int i = 0; i < a->ndim; i++)
         if (a->shape[i] > 1 && a->stride[i] != b->stride[i]) return 0;
     return 1;
-}
-
-/* Do dst and src share bytes (the kernels read and write in an order of their own, so such a copy
- * must go through a temporary)? */
-static int overlaps(const lunar_tensor *dst, const lunar_tensor *src) {
-    if (dst->storage != src->storage) return 0;
-    int64_t a0, a1, b0, b1;
-    byte_span(dst, &a0, &a1);
-    byte_span(src, &b0, &b1);
-    return a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1;
 }
 
 static lunar_status copy_impl(lunar_ctx *ctx, lunar_tensor *dst, const lunar_tensor *src, int saturate) {
@@ -53,7 +31,8 @@ static lunar_status copy_impl(lunar_ctx *ctx, lunar_tensor *dst, const lunar_ten
     if (lunar_device_equal(dd, sd)) {
         if (same_view(dst, &view) && !saturate) {
             st = LUNAR_OK;   /* a copy onto itself */
-        } else if (overlaps(dst, &view)) {
+        } else if (lunar_tensor_overlaps(dst, &view)) {
+            /* the kernels read and write in an order of their own: go through a temporary */
             lunar_tensor tmp = {0};
             st = lunar_tensor_new(ctx, &tmp, view.dtype, sd, view.ndim, view.shape);
             if (st == LUNAR_OK) st = sbe->copy(ctx, &tmp, &view, 0);
