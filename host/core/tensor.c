@@ -183,6 +183,15 @@ static void byte_span(const lunar_tensor *t, int64_t *lo, int64_t *hi) {
     *hi = (b + 1) * es;
 }
 
+int lunar_tensor_same_view(const lunar_tensor *a, const lunar_tensor *b) {
+    if (!a->storage || a->storage != b->storage || a->dtype != b->dtype || a->offset != b->offset ||
+        !lunar_tensor_same_shape(a, b))
+        return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] > 1 && a->stride[i] != b->stride[i]) return 0;
+    return 1;
+}
+
 int lunar_tensor_overlaps(const lunar_tensor *a, const lunar_tensor *b) {
     if (!a->storage || a->storage != b->storage) return 0;
     int64_t a0, a1, b0, b1;

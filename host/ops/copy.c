@@ -3,15 +3,6 @@
 
 #include "prep.h"
 
-/* dst and src are one view (a copy onto itself) */
-static int same_view(const lunar_tensor *a, const lunar_tensor *b) {
-    if (a->storage != b->storage || a->dtype != b->dtype || a->offset != b->offset || !lunar_tensor_same_shape(a, b))
-        return 0;
-    for (int i = 0; i < a->ndim; i++)
-        if (a->shape[i] > 1 && a->stride[i] != b->stride[i]) return 0;
-    return 1;
-}
-
 static lunar_status copy_impl(lunar_ctx *ctx, lunar_tensor *dst, const lunar_tensor *src, int saturate) {
     const char *op = saturate ? "copy_saturate" : "copy";
     LUNAR_TRY(lunar_tensor_check(ctx, dst));
@@ -29,7 +20,7 @@ static lunar_status copy_impl(lunar_ctx *ctx, lunar_tensor *dst, const lunar_ten
     lunar_device dd = lunar_tensor_device(dst), sd = lunar_tensor_device(&view);
     const lunar_backend *dbe = lunar_ctx_backend(ctx, dd.type), *sbe = lunar_ctx_backend(ctx, sd.type);
     if (lunar_device_equal(dd, sd)) {
-        if (same_view(dst, &view) && !saturate) {
+        if (lunar_tensor_same_view(dst, &view) && !saturate) {
             st = LUNAR_OK;   /* a copy onto itself */
         } else if (lunar_tensor_overlaps(dst, &view)) {
             /* the kernels read and write in an order of their own: go through a temporary */
