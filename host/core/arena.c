@@ -24,8 +24,10 @@ lunar_status lunar_arena_new(lunar_ctx *ctx, lunar_arena **out, const char *name
     a->device = dev;
     a->capacity = capacity;
     a->refcount = 1;
-    if (capacity > 0) {
-        lunar_status st = be->alloc(ctx, dev.index, capacity, &a->base);
+    {
+        /* a block even for capacity 0, so that storages carved from it (0-byte ones) never
+         * have a NULL data pointer, which marks a freed storage */
+        lunar_status st = be->alloc(ctx, dev.index, capacity > 0 ? capacity : ARENA_ALIGN, &a->base);
         if (st != LUNAR_OK) {
             lunar_ctx_prefix_error(ctx, "arena '%s' (%zu bytes)", a->name, capacity);
             free(a);

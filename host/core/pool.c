@@ -5,6 +5,7 @@
  * list for reuse. The list is a plain array scanned linearly: pools hold tens to hundreds of
  * blocks, and allocation sits outside the kernels' hot loops.
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,9 +21,12 @@ struct lunar_pool {
     lunar_pool_stats stats;
 };
 
+/* The size class of an n-byte request; 0 when n is too large to have one (above half the
+ * address space, where the doubling below would overflow). */
 static size_t size_class(size_t n) {
     if (n == 0) n = 1;
     if (n <= 65536) return (n + 255) & ~(size_t)255;
+    if (n > SIZE_MAX / 2) return 0;
     size_t p = 65536;
     while (p * 2 < n) p *= 2;             /* p < n <= 2p */
     size_t step = p / 8;
@@ -69,6 +73,12 @@ void lunar_pool_destroy(lunar_ctx *ctx, lunar_pool *p) {
 
 lunar_status lunar_pool_get(lunar_ctx *ctx, lunar_pool *p, size_t nbytes, void **out, size_t *class_bytes) {
     size_t bytes = size_class(nbytes);
+    if (bytes == 0) {
+        char d[32];
+        lunar_device_format(p->device, d, sizeof d);
+        return LUNAR_FAIL(ctx, LUNAR_ERR_OOM, "%s: cannot allocate %zu bytes (more than half the address space)", d,
+                          nbytes);
+    }
     for (size_t i = p->free_count; i-- > 0;) {
         if (p->free_blocks[i].bytes == bytes) {
             *out = p->free_blocks[i].ptr;

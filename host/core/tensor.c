@@ -5,12 +5,33 @@
 
 #include "internal.h"
 
-static lunar_status check_shape(lunar_ctx *ctx, int ndim, const int64_t *shape, const char *what) {
+/* numel of a shape whose element count and byte count (es bytes per element) both fit in an
+ * int64; 0 when they do not (or a size is negative). Every tensor keeps this invariant, so numel
+ * and byte computations elsewhere cannot overflow. */
+static int shape_fits(int ndim, const int64_t *shape, size_t es, int64_t *numel) {
+    int64_t n = 1, bytes;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0 || __builtin_mul_overflow(n, shape[i], &n)) return 0;
+    }
+    if (__builtin_mul_overflow(n, (int64_t)(es ? es : 1), &bytes)) return 0;
+    *numel = n;
+    return 1;
+}
+
+static lunar_status check_shape(lunar_ctx *ctx, int ndim, const int64_t *shape, lunar_dtype dt, const char *what) {
     if (ndim < 0 || ndim > LUNAR_MAX_DIMS)
         return LUNAR_FAIL(ctx, LUNAR_ERR_SHAPE, "%s: %d dims (at most %d)", what, ndim, LUNAR_MAX_DIMS);
     for (int i = 0; i < ndim; i++)
         if (shape[i] < 0) return LUNAR_FAIL(ctx, LUNAR_ERR_SHAPE, "%s: negative size %lld in dim %d", what,
                                             (long long)shape[i], i + 1);
+    if ((unsigned)dt >= LUNAR_DTYPE_COUNT) return LUNAR_FAIL(ctx, LUNAR_ERR_DTYPE, "invalid dtype %d", (int)dt);
+    int64_t n;
+    if (!shape_fits(ndim, shape, lunar_dtype_size(dt), &n)) {
+        char sh[LUNAR_MAX_DIMS * 24];
+        lunar_shape_format(ndim, shape, sh, sizeof sh);
+        return LUNAR_FAIL(ctx, LUNAR_ERR_SHAPE, "%s: shape %s of %s is too large (its byte count overflows 64 bits)",
+                          what, sh, lunar_dtype_name(dt));
+    }
     return LUNAR_OK;
 }
 
@@ -32,12 +53,14 @@ static void set_contiguous(lunar_tensor *t, int ndim, const int64_t *shape) {
 
 lunar_status lunar_tensor_from_storage(lunar_ctx *ctx, lunar_tensor *t, lunar_storage *s, lunar_dtype dt,
                                        int64_t offset, int ndim, const int64_t *shape) {
-    LUNAR_TRY(check_shape(ctx, ndim, shape, "tensor"));
-    if ((unsigned)dt >= LUNAR_DTYPE_COUNT) return LUNAR_FAIL(ctx, LUNAR_ERR_DTYPE, "invalid dtype %d", (int)dt);
-    size_t need = (size_t)(offset + shape_numel(ndim, shape)) * lunar_dtype_size(dt);
-    if (offset < 0 || need > s->nbytes)
-        return LUNAR_FAIL(ctx, LUNAR_ERR_SHAPE, "tensor of %zu bytes at element %lld does not fit a storage of %zu bytes",
-                          need, (long long)offset, s->nbytes);
+    LUNAR_TRY(check_shape(ctx, ndim, shape, dt, "tensor"));
+    size_t es = lunar_dtype_size(dt);
+    int64_t numel = shape_numel(ndim, shape);
+    /* offset + numel elements must fit the storage (checked without overflowing) */
+    if (offset < 0 || (uint64_t)offset > s->nbytes / es || (uint64_t)numel > s->nbytes / es - (uint64_t)offset)
+        return LUNAR_FAIL(ctx, LUNAR_ERR_SHAPE,
+                          "tensor of %lld elements of %zu bytes at element %lld does not fit a storage of %zu bytes",
+                          (long long)numel, es, (long long)offset, s->nbytes);
     memset(t, 0, sizeof *t);
     lunar_storage_retain(s);
     t->storage = s;
@@ -49,8 +72,7 @@ lunar_status lunar_tensor_from_storage(lunar_ctx *ctx, lunar_tensor *t, lunar_st
 
 lunar_status lunar_tensor_new(lunar_ctx *ctx, lunar_tensor *t, lunar_dtype dt, lunar_device dev, int ndim,
                               const int64_t *shape) {
-    LUNAR_TRY(check_shape(ctx, ndim, shape, "new tensor"));
-    if ((unsigned)dt >= LUNAR_DTYPE_COUNT) return LUNAR_FAIL(ctx, LUNAR_ERR_DTYPE, "invalid dtype %d", (int)dt);
+    LUNAR_TRY(check_shape(ctx, ndim, shape, dt, "new tensor"));
     lunar_storage *s;
     LUNAR_TRY(lunar_storage_new(ctx, &s, dev, (size_t)shape_numel(ndim, shape) * lunar_dtype_size(dt)));
     lunar_status st = lunar_tensor_from_storage(ctx, t, s, dt, 0, ndim, shape);
@@ -60,8 +82,7 @@ lunar_status lunar_tensor_new(lunar_ctx *ctx, lunar_tensor *t, lunar_dtype dt, l
 
 lunar_status lunar_tensor_new_in(lunar_ctx *ctx, lunar_tensor *t, lunar_arena *a, lunar_dtype dt, int ndim,
                                  const int64_t *shape) {
-    LUNAR_TRY(check_shape(ctx, ndim, shape, "new tensor"));
-    if ((unsigned)dt >= LUNAR_DTYPE_COUNT) return LUNAR_FAIL(ctx, LUNAR_ERR_DTYPE, "invalid dtype %d", (int)dt);
+    LUNAR_TRY(check_shape(ctx, ndim, shape, dt, "new tensor"));
     lunar_storage *s;
     LUNAR_TRY(lunar_arena_alloc(ctx, a, (size_t)shape_numel(ndim, shape) * lunar_dtype_size(dt), &s));
     lunar_status st = lunar_tensor_from_storage(ctx, t, s, dt, 0, ndim, shape);
@@ -149,6 +170,36 @@ lunar_status lunar_tensor_check(lunar_ctx *ctx, const lunar_tensor *t) {
     return LUNAR_OK;
 }
 
+/* [lo, hi) of the bytes of t's storage that t can address (lo == hi when t has no elements) */
+static void byte_span(const lunar_tensor *t, int64_t *lo, int64_t *hi) {
+    int64_t a = t->offset, b = t->offset;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] == 0) { *lo = *hi = 0; return; }
+        if (t->stride[i] > 0) b += (t->shape[i] - 1) * t->stride[i];
+        else a += (t->shape[i] - 1) * t->stride[i];
+    }
+    int64_t es = (int64_t)lunar_dtype_size(t->dtype);
+    *lo = a * es;
+    *hi = (b + 1) * es;
+}
+
+int lunar_tensor_same_view(const lunar_tensor *a, const lunar_tensor *b) {
+    if (!a->storage || a->storage != b->storage || a->dtype != b->dtype || a->offset != b->offset ||
+        !lunar_tensor_same_shape(a, b))
+        return 0;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->shape[i] > 1 && a->stride[i] != b->stride[i]) return 0;
+    return 1;
+}
+
+int lunar_tensor_overlaps(const lunar_tensor *a, const lunar_tensor *b) {
+    if (!a->storage || a->storage != b->storage) return 0;
+    int64_t a0, a1, b0, b1;
+    byte_span(a, &a0, &a1);
+    byte_span(b, &b0, &b1);
+    return a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1;
+}
+
 /* ---- views --------------------------------------------------------------------------------- */
 
 static lunar_status norm_dim(lunar_ctx *ctx, const lunar_tensor *t, int *dim, int extra, const char *what) {
@@ -170,11 +221,11 @@ static void view_from(lunar_tensor *out, const lunar_tensor *src) {
 lunar_status lunar_tensor_narrow(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *src, int dim, int64_t start,
                                  int64_t length) {
     LUNAR_TRY(norm_dim(ctx, src, &dim, 0, "narrow"));
-    if (start < 0 || length < 0 || start + length > src->shape[dim]) {
+    if (start < 0 || length < 0 || start > src->shape[dim] || length > src->shape[dim] - start) {
         char sh[128];
         lunar_tensor_shape_str(src, sh, sizeof sh);
-        return LUNAR_FAIL(ctx, LUNAR_ERR_ARG, "narrow: range [%lld, %lld) out of bounds for dim %d of '%s' %s",
-                          (long long)start, (long long)(start + length), dim, lunar_tensor_label(src), sh);
+        return LUNAR_FAIL(ctx, LUNAR_ERR_ARG, "narrow: start %lld, length %lld out of bounds for dim %d of '%s' %s",
+                          (long long)start, (long long)length, dim, lunar_tensor_label(src), sh);
     }
     view_from(out, src);
     out->offset += start * src->stride[dim];
@@ -246,8 +297,8 @@ lunar_status lunar_tensor_view(lunar_ctx *ctx, lunar_tensor *out, const lunar_te
             infer = i;
         } else if (shape[i] < 0) {
             return LUNAR_FAIL(ctx, LUNAR_ERR_SHAPE, "view: negative size %lld", (long long)shape[i]);
-        } else {
-            known *= shape[i];
+        } else if (__builtin_mul_overflow(known, shape[i], &known)) {
+            goto mismatch;
         }
     }
     if (infer >= 0) {
@@ -313,9 +364,10 @@ lunar_status lunar_tensor_expand(lunar_ctx *ctx, lunar_tensor *out, const lunar_
                                  const int64_t *shape) {
     if (ndim < src->ndim || ndim > LUNAR_MAX_DIMS) goto bad;
     int lead = ndim - src->ndim;
-    int64_t nshape[LUNAR_MAX_DIMS], nstride[LUNAR_MAX_DIMS];
+    int64_t nshape[LUNAR_MAX_DIMS], nstride[LUNAR_MAX_DIMS], numel;
     for (int i = 0; i < ndim; i++) {
         if (i < lead) {
+            if (shape[i] < 0) goto bad;   /* -1 keeps a size, and a new leading dim has none */
             nshape[i] = shape[i];
             nstride[i] = 0;
             continue;
@@ -325,13 +377,14 @@ lunar_status lunar_tensor_expand(lunar_ctx *ctx, lunar_tensor *out, const lunar_
         if (have == want) {
             nshape[i] = have;
             nstride[i] = src->stride[i - lead];
-        } else if (have == 1) {
+        } else if (have == 1 && want >= 0) {
             nshape[i] = want;
             nstride[i] = 0;
         } else {
             goto bad;
         }
     }
+    if (!shape_fits(ndim, nshape, lunar_dtype_size(src->dtype), &numel)) goto bad;
     view_from(out, src);
     out->ndim = ndim;
     for (int i = 0; i < ndim; i++) {
@@ -340,9 +393,9 @@ lunar_status lunar_tensor_expand(lunar_ctx *ctx, lunar_tensor *out, const lunar_
     }
     return LUNAR_OK;
 bad: {
-    char a[128], b[128];
+    char a[LUNAR_MAX_DIMS * 24], b[LUNAR_MAX_DIMS * 24];
     lunar_tensor_shape_str(src, a, sizeof a);
-    lunar_shape_format(ndim, shape, b, sizeof b);
+    lunar_shape_format(ndim > LUNAR_MAX_DIMS ? LUNAR_MAX_DIMS : ndim, shape, b, sizeof b);
     return LUNAR_FAIL(ctx, LUNAR_ERR_SHAPE, "expand: '%s' %s cannot be broadcast to %s", lunar_tensor_label(src), a, b);
 }
 }

@@ -16,13 +16,13 @@ static int l_arena_new(lua_State *L) {
     double bytes = luaL_checknumber(L, 2);
     lunar_device cpu = {LUNAR_DEVICE_CPU, 0};
     lunar_device dev = lunar_lua_opt_device(L, 3, cpu);
-    if (bytes < 0) lunar_lua_error(L, "arena '%s': negative size", name);
-    lunar_arena *a = NULL;
-    lunar_lua_check_status(L, lunar_arena_new(lunar_lua_ctx(L), &a, name, dev, (size_t)bytes));
+    if (!(bytes >= 0 && bytes < 9223372036854775808.0)) lunar_lua_error(L, "arena '%s': size %g is not a byte count", name, bytes);
+    /* the userdata first, so that no Lua error can leave the arena held only by C */
     lunar_lua_arena *u = (lunar_lua_arena *)lua_newuserdata(L, sizeof *u);
-    u->a = a;
+    u->a = NULL;
     luaL_getmetatable(L, LUNAR_ARENA_MT);
     lua_setmetatable(L, -2);
+    lunar_lua_check_status(L, lunar_arena_new(lunar_lua_ctx(L), &u->a, name, dev, (size_t)bytes));
     return 1;
 }
 
@@ -34,10 +34,9 @@ static int l_arena_tensor(lua_State *L) {
     int nd = lunar_lua_check_shape(L, 2, shape);
     lunar_dtype dt = lunar_lua_opt_dtype(L, 3, LUNAR_DTYPE_F32);
     const char *name = luaL_optstring(L, 4, "");
-    lunar_tensor t = {0};
-    lunar_lua_check_status(L, lunar_tensor_new_in(lunar_lua_ctx(L), &t, a, dt, nd, shape));
-    lunar_tensor_set_name(&t, name);
-    lunar_lua_push_tensor(L, &t);
+    lunar_tensor *t = lunar_lua_push_empty_tensor(L);
+    lunar_lua_check_status(L, lunar_tensor_new_in(lunar_lua_ctx(L), t, a, dt, nd, shape));
+    lunar_tensor_set_name(t, name);
     return 1;
 }
 

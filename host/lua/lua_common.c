@@ -65,10 +65,21 @@ int lunar_lua_is_tensor(lua_State *L, int idx) {
     return eq;
 }
 
+/* "name: argument idx" of the running C function (its name as Lua called it: "reduce" for
+ * core.ops.reduce, "fill_" for t:fill_), so argument errors name the op. */
+static void arg_where(lua_State *L, int idx, char *buf, size_t n) {
+    lua_Debug ar;
+    const char *fn = NULL;
+    if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar)) fn = ar.name;
+    if (idx < 0) idx = lua_gettop(L) + idx + 1;
+    snprintf(buf, n, "%s%sargument %d", fn ? fn : "", fn ? ": " : "", idx);
+}
+
 lunar_tensor *lunar_lua_check_tensor_raw(lua_State *L, int idx) {
     if (!lunar_lua_is_tensor(L, idx)) {
-        if (idx < 0) idx = lua_gettop(L) + idx + 1;
-        lunar_lua_error(L, "argument %d: expected a tensor, got %s", idx, luaL_typename(L, idx));
+        char where[128];
+        arg_where(L, idx, where, sizeof where);
+        lunar_lua_error(L, "%s: expected a tensor, got %s", where, luaL_typename(L, idx));
     }
     return &((lunar_lua_tensor *)lua_touserdata(L, idx))->t;
 }
@@ -76,8 +87,12 @@ lunar_tensor *lunar_lua_check_tensor_raw(lua_State *L, int idx) {
 lunar_tensor *lunar_lua_check_tensor(lua_State *L, int idx) {
     lunar_tensor *t = lunar_lua_check_tensor_raw(L, idx);
     lunar_ctx *ctx = lunar_lua_ctx(L);
-    if (!t->storage) lunar_lua_error(L, "argument %d: tensor has no storage", idx);
-    if (lunar_tensor_check(ctx, t) != LUNAR_OK) lunar_lua_error(L, "%s", lunar_ctx_error(ctx));
+    if (!t->storage || lunar_tensor_check(ctx, t) != LUNAR_OK) {
+        char where[128];
+        arg_where(L, idx, where, sizeof where);
+        if (!t->storage) lunar_lua_error(L, "%s: tensor '%s' has no storage", where, lunar_tensor_label(t));
+        lunar_lua_error(L, "%s: %s", where, lunar_ctx_error(ctx));
+    }
     return t;
 }
 
@@ -86,25 +101,20 @@ lunar_tensor *lunar_lua_opt_tensor(lua_State *L, int idx) {
     return lunar_lua_check_tensor(L, idx);
 }
 
-void lunar_lua_push_tensor(lua_State *L, lunar_tensor *t) {
+lunar_tensor *lunar_lua_push_empty_tensor(lua_State *L) {
     lunar_lua_tensor *u = (lunar_lua_tensor *)lua_newuserdata(L, sizeof *u);
-    u->t = *t;
-    memset(t, 0, sizeof *t);
+    memset(u, 0, sizeof *u);
     luaL_getmetatable(L, LUNAR_TENSOR_MT);
     lua_setmetatable(L, -2);
+    return &u->t;
 }
 
 lunar_tensor *lunar_lua_new_tensor(lua_State *L, lunar_dtype dt, lunar_device dev, int ndim, const int64_t *shape) {
     lunar_ctx *ctx = lunar_lua_ctx(L);
-    lunar_tensor t = {0};
-    lunar_lua_check_status(L, lunar_tensor_new(ctx, &t, dt, dev, ndim, shape));
-    lunar_status st = lunar_scope_track(ctx, t.storage);
-    if (st != LUNAR_OK) {
-        lunar_tensor_release(ctx, &t);
-        lunar_lua_check_status(L, st);
-    }
-    lunar_lua_push_tensor(L, &t);
-    return &((lunar_lua_tensor *)lua_touserdata(L, -1))->t;
+    lunar_tensor *t = lunar_lua_push_empty_tensor(L);   /* owns the storage from here on */
+    lunar_lua_check_status(L, lunar_tensor_new(ctx, t, dt, dev, ndim, shape));
+    lunar_lua_check_status(L, lunar_scope_track(ctx, t->storage));
+    return t;
 }
 
 lunar_dtype lunar_lua_check_dtype(lua_State *L, int idx) {
@@ -129,6 +139,10 @@ lunar_device lunar_lua_opt_device(lua_State *L, int idx, lunar_device def) {
     return d;
 }
 
+/* An integer in [-1, 2^63) (-1: "infer" or "keep" in view/expand); the range is checked before
+ * the cast, which is undefined for values outside int64. */
+static int is_size(double v) { return v >= -1 && v < 9223372036854775808.0 && v == (double)(int64_t)v; }
+
 int lunar_lua_check_shape(lua_State *L, int idx, int64_t *shape) {
     int n = 0;
     if (lua_istable(L, idx)) {
@@ -139,7 +153,7 @@ int lunar_lua_check_shape(lua_State *L, int idx, int64_t *shape) {
             if (!lua_isnumber(L, -1)) lunar_lua_error(L, "shape entry %d is not a number", i + 1);
             double v = lua_tonumber(L, -1);
             lua_pop(L, 1);
-            if (v != (double)(int64_t)v || v < -1) lunar_lua_error(L, "shape entry %d is %g, not a size", i + 1, v);
+            if (!is_size(v)) lunar_lua_error(L, "shape entry %d is %g, not a valid size", i + 1, v);
             shape[i] = (int64_t)v;
         }
         return n;
@@ -148,7 +162,7 @@ int lunar_lua_check_shape(lua_State *L, int idx, int64_t *shape) {
     for (int i = idx; i <= top && lua_type(L, i) == LUA_TNUMBER; i++) {
         if (n >= LUNAR_MAX_DIMS) lunar_lua_error(L, "shape has more than %d dims", LUNAR_MAX_DIMS);
         double v = lua_tonumber(L, i);
-        if (v != (double)(int64_t)v || v < -1) lunar_lua_error(L, "size %g is not a valid size", v);
+        if (!is_size(v)) lunar_lua_error(L, "size %g is not a valid size", v);
         shape[n++] = (int64_t)v;
     }
     return n;

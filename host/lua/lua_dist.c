@@ -40,11 +40,14 @@ static lunar_comm *check_comm(lua_State *L, int idx) {
     return u->c;
 }
 
-static void push_comm(lua_State *L, lunar_comm *c) {
+/* An empty group userdata for the caller to fill in: it exists before the group does, so no Lua
+ * error can leave a group held only by C. */
+static lunar_comm **push_comm_slot(lua_State *L) {
     lunar_lua_comm *u = lua_newuserdata(L, sizeof *u);
-    u->c = c;
+    u->c = NULL;
     luaL_getmetatable(L, LUNAR_COMM_MT);
     lua_setmetatable(L, -2);
+    return &u->c;
 }
 
 static int l_comm_gc(lua_State *L) {
@@ -113,12 +116,11 @@ static int l_init(lua_State *L) {
     lua_getfield(L, LUA_REGISTRYINDEX, WORLD_KEY);
     if (!lua_isnil(L, -1)) return 1;
     lua_pop(L, 1);
-    lunar_comm *world = NULL;
-    lunar_lua_check_status(L, lunar_comm_init_world(lunar_lua_ctx(L), &world));
-    push_comm(L, world);
+    lunar_comm **world = push_comm_slot(L);
+    lunar_lua_check_status(L, lunar_comm_init_world(lunar_lua_ctx(L), world));
     lua_pushvalue(L, -1);
     lua_setfield(L, LUA_REGISTRYINDEX, WORLD_KEY);
-    set_default_cuda(L, world);
+    set_default_cuda(L, *world);
     return 1;
 }
 
@@ -147,9 +149,8 @@ static int l_split(lua_State *L) {
     int color = (int)luaL_checkinteger(L, 2);
     int key = (int)luaL_checkinteger(L, 3);
     const char *name = luaL_optstring(L, 4, "group");
-    lunar_comm *c = NULL;
-    lunar_lua_check_status(L, lunar_comm_split(lunar_lua_ctx(L), &c, parent, color, key, name));
-    push_comm(L, c);
+    lunar_comm **c = push_comm_slot(L);
+    lunar_lua_check_status(L, lunar_comm_split(lunar_lua_ctx(L), c, parent, color, key, name));
     return 1;
 }
 

@@ -44,8 +44,10 @@ lunar_tensor *lunar_lua_check_tensor(lua_State *L, int idx);
 lunar_tensor *lunar_lua_check_tensor_raw(lua_State *L, int idx);
 lunar_tensor *lunar_lua_opt_tensor(lua_State *L, int idx);   /* nil -> NULL */
 int           lunar_lua_is_tensor(lua_State *L, int idx);
-/* Push a new userdata that takes over *t (t is zeroed). */
-void          lunar_lua_push_tensor(lua_State *L, lunar_tensor *t);
+/* Push a new tensor userdata holding an empty tensor and return it, for the caller to fill in.
+ * Bindings create the userdata before the tensor takes a storage reference, so that a Lua error
+ * (even a memory error from lua_newuserdata) never leaves a reference held only by C. */
+lunar_tensor *lunar_lua_push_empty_tensor(lua_State *L);
 /* A new tensor userdata; it is tracked by the innermost lunar.scope(). Raises on failure. */
 lunar_tensor *lunar_lua_new_tensor(lua_State *L, lunar_dtype dt, lunar_device dev, int ndim, const int64_t *shape);
 

@@ -37,73 +37,53 @@ static int l_from_flat(lua_State *L) {
     if ((int64_t)lua_objlen(L, 1) != n)
         lunar_lua_error(L, "tensor: %lld values for a shape of %lld elements", (long long)lua_objlen(L, 1), (long long)n);
     lunar_ctx *ctx = lunar_lua_ctx(L);
-    lunar_tensor host = {0};
-    lunar_lua_check_status(L, lunar_tensor_new(ctx, &host, dt, CPU, nd, shape));
-    char *p = lunar_tensor_data(&host);
+    lunar_tensor *host = lunar_lua_push_empty_tensor(L);   /* the userdata owns it: errors leak nothing */
+    lunar_lua_check_status(L, lunar_tensor_new(ctx, host, dt, CPU, nd, shape));
+    char *p = lunar_tensor_data(host);
     size_t es = lunar_dtype_size(dt);
     for (int64_t i = 0; i < n; i++) {
         lua_rawgeti(L, 1, (int)(i + 1));
         int ok = lua_isnumber(L, -1) || lua_isboolean(L, -1);
         double v = lua_isboolean(L, -1) ? (double)lua_toboolean(L, -1) : lua_tonumber(L, -1);
         lua_pop(L, 1);
-        if (!ok) {
-            lunar_tensor_release(ctx, &host);
-            return lunar_lua_error(L, "tensor: value %lld is not a number", (long long)(i + 1));
-        }
+        if (!ok) return lunar_lua_error(L, "tensor: value %lld is not a number", (long long)(i + 1));
         lunar_dtype_store(dt, p + i * (int64_t)es, v);
     }
     if (dev.type == LUNAR_DEVICE_CPU) {
-        lunar_status st = lunar_scope_track(ctx, host.storage);
-        if (st != LUNAR_OK) {
-            lunar_tensor_release(ctx, &host);
-            return lunar_lua_check_status(L, st);
-        }
-        lunar_lua_push_tensor(L, &host);
+        lunar_lua_check_status(L, lunar_scope_track(ctx, host->storage));
         return 1;
     }
-    lunar_tensor dst = {0};
-    lunar_status st = lunar_tensor_new(ctx, &dst, dt, dev, nd, shape);
-    if (st == LUNAR_OK) st = lunar_copy(ctx, &dst, &host);
-    if (st == LUNAR_OK) st = lunar_scope_track(ctx, dst.storage);
-    lunar_tensor_release(ctx, &host);
-    if (st != LUNAR_OK) {
-        lunar_tensor_release(ctx, &dst);
-        return lunar_lua_check_status(L, st);
-    }
-    lunar_lua_push_tensor(L, &dst);
+    lunar_tensor *dst = lunar_lua_new_tensor(L, dt, dev, nd, shape);
+    lunar_status st = lunar_copy(ctx, dst, host);
+    lunar_tensor_release(ctx, host);   /* the staging copy goes back to the pool now */
+    lunar_lua_check_status(L, st);
     return 1;
 }
 
 /* ---- metadata ------------------------------------------------------------------------------ */
 
-static int l_size(lua_State *L) {
-    lunar_tensor *t = lunar_lua_check_tensor_raw(L, 1);
+/* t:size([dim]) / t:stride([dim]): one entry of dims (a 1-based Lua dim), or all as a table */
+static int push_dims(lua_State *L, const lunar_tensor *t, const int64_t *dims) {
     if (!lua_isnoneornil(L, 2)) {
-        int d = lunar_lua_check_dim(L, 2, t->ndim);
-        lua_pushnumber(L, (lua_Number)t->shape[d]);
+        lua_pushnumber(L, (lua_Number)dims[lunar_lua_check_dim(L, 2, t->ndim)]);
         return 1;
     }
     lua_createtable(L, t->ndim, 0);
     for (int i = 0; i < t->ndim; i++) {
-        lua_pushnumber(L, (lua_Number)t->shape[i]);
+        lua_pushnumber(L, (lua_Number)dims[i]);
         lua_rawseti(L, -2, i + 1);
     }
     return 1;
 }
 
+static int l_size(lua_State *L) {
+    lunar_tensor *t = lunar_lua_check_tensor_raw(L, 1);
+    return push_dims(L, t, t->shape);
+}
+
 static int l_stride(lua_State *L) {
     lunar_tensor *t = lunar_lua_check_tensor_raw(L, 1);
-    if (!lua_isnoneornil(L, 2)) {
-        int d = lunar_lua_check_dim(L, 2, t->ndim);
-        lua_pushnumber(L, (lua_Number)t->stride[d]);
-        return 1;
-    }
-    lua_createtable(L, t->ndim, 0);
-    for (int i = 0; i < t->ndim; i++) {
-        lua_pushnumber(L, (lua_Number)t->stride[i]);
-        lua_rawseti(L, -2, i + 1);
-    }
-    return 1;
+    return push_dims(L, t, t->stride);
 }
 
 static int l_dim(lua_State *L) { lua_pushinteger(L, lunar_lua_check_tensor_raw(L, 1)->ndim); return 1; }
@@ -158,16 +138,17 @@ static int l_free(lua_State *L) {
 }
 
 static int l_gc(lua_State *L) {
-    lunar_tensor *t = &((lunar_lua_tensor *)lua_touserdata(L, 1))->t;
+    /* checked: the metatable is reachable from Lua, so __gc can be called on anything */
+    lunar_tensor *t = lunar_lua_check_tensor_raw(L, 1);
     lunar_tensor_release(lunar_lua_ctx(L), t);
     return 0;
 }
 
 /* ---- views --------------------------------------------------------------------------------- */
 
-static int push_view(lua_State *L, lunar_status st, lunar_tensor *v) {
+/* The view functions below push an empty tensor userdata first and build the view in it. */
+static int view_done(lua_State *L, lunar_status st) {
     lunar_lua_check_status(L, st);
-    lunar_lua_push_tensor(L, v);
     return 1;
 }
 
@@ -175,8 +156,8 @@ static int l_narrow(lua_State *L) {
     lunar_tensor *t = lunar_lua_check_tensor(L, 1);
     int d = lunar_lua_check_dim(L, 2, t->ndim);
     int64_t start = (int64_t)luaL_checknumber(L, 3), len = (int64_t)luaL_checknumber(L, 4);
-    lunar_tensor v = {0};
-    return push_view(L, lunar_tensor_narrow(lunar_lua_ctx(L), &v, t, d, start - 1, len), &v);
+    lunar_tensor *v = lunar_lua_push_empty_tensor(L);
+    return view_done(L, lunar_tensor_narrow(lunar_lua_ctx(L), v, t, d, start - 1, len));
 }
 
 static int l_select(lua_State *L) {
@@ -184,8 +165,8 @@ static int l_select(lua_State *L) {
     int d = lunar_lua_check_dim(L, 2, t->ndim);
     int64_t idx = (int64_t)luaL_checknumber(L, 3);
     if (idx == 0) lunar_lua_error(L, "select: index 0 (indices are 1-based; negative counts from the end)");
-    lunar_tensor v = {0};
-    return push_view(L, lunar_tensor_select(lunar_lua_ctx(L), &v, t, d, idx > 0 ? idx - 1 : idx), &v);
+    lunar_tensor *v = lunar_lua_push_empty_tensor(L);
+    return view_done(L, lunar_tensor_select(lunar_lua_ctx(L), v, t, d, idx > 0 ? idx - 1 : idx));
 }
 
 static int l_transpose(lua_State *L) {
@@ -199,8 +180,8 @@ static int l_transpose(lua_State *L) {
         d0 = lunar_lua_check_dim(L, 2, t->ndim);
         d1 = lunar_lua_check_dim(L, 3, t->ndim);
     }
-    lunar_tensor v = {0};
-    return push_view(L, lunar_tensor_transpose(lunar_lua_ctx(L), &v, t, d0, d1), &v);
+    lunar_tensor *v = lunar_lua_push_empty_tensor(L);
+    return view_done(L, lunar_tensor_transpose(lunar_lua_ctx(L), v, t, d0, d1));
 }
 
 static int l_permute(lua_State *L) {
@@ -223,51 +204,51 @@ static int l_permute(lua_State *L) {
         }
     }
     if (n != t->ndim) lunar_lua_error(L, "permute: %d dims given for a %d-dim tensor", n, t->ndim);
-    lunar_tensor v = {0};
-    return push_view(L, lunar_tensor_permute(lunar_lua_ctx(L), &v, t, perm), &v);
+    lunar_tensor *v = lunar_lua_push_empty_tensor(L);
+    return view_done(L, lunar_tensor_permute(lunar_lua_ctx(L), v, t, perm));
 }
 
 static int l_view(lua_State *L) {
     lunar_tensor *t = lunar_lua_check_tensor(L, 1);
     int64_t shape[LUNAR_MAX_DIMS];
     int nd = lunar_lua_check_shape(L, 2, shape);
-    lunar_tensor v = {0};
-    return push_view(L, lunar_tensor_view(lunar_lua_ctx(L), &v, t, nd, shape), &v);
+    lunar_tensor *v = lunar_lua_push_empty_tensor(L);
+    return view_done(L, lunar_tensor_view(lunar_lua_ctx(L), v, t, nd, shape));
 }
 
 static int l_expand(lua_State *L) {
     lunar_tensor *t = lunar_lua_check_tensor(L, 1);
     int64_t shape[LUNAR_MAX_DIMS];
     int nd = lunar_lua_check_shape(L, 2, shape);
-    lunar_tensor v = {0};
-    return push_view(L, lunar_tensor_expand(lunar_lua_ctx(L), &v, t, nd, shape), &v);
+    lunar_tensor *v = lunar_lua_push_empty_tensor(L);
+    return view_done(L, lunar_tensor_expand(lunar_lua_ctx(L), v, t, nd, shape));
 }
 
 static int l_unsqueeze(lua_State *L) {
     lunar_tensor *t = lunar_lua_check_tensor(L, 1);
     int d = lunar_lua_check_dim(L, 2, t->ndim + 1);
-    lunar_tensor v = {0};
-    return push_view(L, lunar_tensor_unsqueeze(lunar_lua_ctx(L), &v, t, d), &v);
+    lunar_tensor *v = lunar_lua_push_empty_tensor(L);
+    return view_done(L, lunar_tensor_unsqueeze(lunar_lua_ctx(L), v, t, d));
 }
 
 static int l_squeeze(lua_State *L) {
     lunar_tensor *t = lunar_lua_check_tensor(L, 1);
     lunar_ctx *ctx = lunar_lua_ctx(L);
-    lunar_tensor v = {0};
     if (!lua_isnoneornil(L, 2)) {
         int d = lunar_lua_check_dim(L, 2, t->ndim);
-        return push_view(L, lunar_tensor_squeeze(ctx, &v, t, d), &v);
+        lunar_tensor *v = lunar_lua_push_empty_tensor(L);
+        return view_done(L, lunar_tensor_squeeze(ctx, v, t, d));
     }
-    lunar_tensor_share(&v, t);
+    lunar_tensor *v = lunar_lua_push_empty_tensor(L);
+    lunar_tensor_share(v, t);
     int o = 0;
     for (int i = 0; i < t->ndim; i++) {
         if (t->shape[i] == 1) continue;
-        v.shape[o] = t->shape[i];
-        v.stride[o] = t->stride[i];
+        v->shape[o] = t->shape[i];
+        v->stride[o] = t->stride[i];
         o++;
     }
-    v.ndim = o;
-    lunar_lua_push_tensor(L, &v);
+    v->ndim = o;
     return 1;
 }
 

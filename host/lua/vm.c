@@ -38,7 +38,7 @@ static int searcher(lua_State *L) {
                 fseek(f, 0, SEEK_END);
                 long n = ftell(f);
                 fseek(f, 0, SEEK_SET);
-                char *buf = malloc((size_t)n + 1);
+                char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;   /* ftell fails with -1 */
                 size_t got = buf ? fread(buf, 1, (size_t)n, f) : 0;
                 fclose(f);
                 if (!buf || got != (size_t)n) {

@@ -20,7 +20,18 @@ static lunar_status copy_impl(lunar_ctx *ctx, lunar_tensor *dst, const lunar_ten
     lunar_device dd = lunar_tensor_device(dst), sd = lunar_tensor_device(&view);
     const lunar_backend *dbe = lunar_ctx_backend(ctx, dd.type), *sbe = lunar_ctx_backend(ctx, sd.type);
     if (lunar_device_equal(dd, sd)) {
-        st = dbe->copy(ctx, dst, &view, saturate);
+        if (lunar_tensor_same_view(dst, &view) && !saturate) {
+            st = LUNAR_OK;   /* a copy onto itself */
+        } else if (lunar_tensor_overlaps(dst, &view)) {
+            /* the kernels read and write in an order of their own: go through a temporary */
+            lunar_tensor tmp = {0};
+            st = lunar_tensor_new(ctx, &tmp, view.dtype, sd, view.ndim, view.shape);
+            if (st == LUNAR_OK) st = sbe->copy(ctx, &tmp, &view, 0);
+            if (st == LUNAR_OK) st = dbe->copy(ctx, dst, &tmp, saturate);
+            lunar_tensor_release(ctx, &tmp);
+        } else {
+            st = dbe->copy(ctx, dst, &view, saturate);
+        }
         lunar_tensor_release(ctx, &view);
         return st;
     }

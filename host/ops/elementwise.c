@@ -120,6 +120,7 @@ lunar_status lunar_binary(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor 
                           lunar_binary_op op) {
     lunar_prep p;
     LUNAR_TRY(prep_begin(&p, ctx, "binary", out));
+    p.alias_ok = 1;
     p.op = (unsigned)op < LUNAR_BINARY_COUNT ? binary_names[op] : "binary";
     if (!p.be->binary) return prep_end(&p, prep_unsupported(&p));
     check_op(&p, (unsigned)op, LUNAR_BINARY_COUNT);
@@ -143,6 +144,7 @@ lunar_status lunar_binary_scalar(lunar_ctx *ctx, lunar_tensor *out, const lunar_
                                  lunar_binary_op op) {
     lunar_prep p;
     LUNAR_TRY(prep_begin(&p, ctx, "binary_scalar", out));
+    p.alias_ok = 1;
     p.op = (unsigned)op < LUNAR_BINARY_COUNT ? binary_names[op] : "binary_scalar";
     if (!p.be->binary_scalar) return prep_end(&p, prep_unsupported(&p));
     check_op(&p, (unsigned)op, LUNAR_BINARY_COUNT);
@@ -168,6 +170,7 @@ static lunar_status same_shape(lunar_prep *p, const lunar_tensor *t, const char 
 lunar_status lunar_unary(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *x, lunar_unary_op op) {
     lunar_prep p;
     LUNAR_TRY(prep_begin(&p, ctx, "unary", out));
+    p.alias_ok = 1;
     p.op = (unsigned)op < LUNAR_UNARY_COUNT ? unary_names[op] : "unary";
     if (!p.be->unary) return prep_end(&p, prep_unsupported(&p));
     check_op(&p, (unsigned)op, LUNAR_UNARY_COUNT);
@@ -189,6 +192,7 @@ lunar_status lunar_unary_backward(lunar_ctx *ctx, lunar_tensor *dx, const lunar_
     char name[48];
     lunar_prep p;
     LUNAR_TRY(prep_begin(&p, ctx, "unary_backward", dx));
+    p.alias_ok = 1;
     snprintf(name, sizeof name, "%s_backward", lunar_unary_op_name(op));
     p.op = name;
     if (!p.be->unary_backward) return prep_end(&p, prep_unsupported(&p));
@@ -212,6 +216,7 @@ lunar_status lunar_swiglu_forward(lunar_ctx *ctx, lunar_tensor *out, const lunar
                                   const lunar_tensor *up) {
     lunar_prep p;
     LUNAR_TRY(prep_begin(&p, ctx, "swiglu_forward", out));
+    p.alias_ok = 1;
     if (!p.be->swiglu_forward) return prep_end(&p, prep_unsupported(&p));
     prep_expect_float(&p, out, "out");
     same_shape(&p, gate, "gate", out);
@@ -232,6 +237,7 @@ lunar_status lunar_swiglu_backward(lunar_ctx *ctx, lunar_tensor *dgate, lunar_te
                                    const lunar_tensor *dout, const lunar_tensor *gate, const lunar_tensor *up) {
     lunar_prep p;
     LUNAR_TRY(prep_begin(&p, ctx, "swiglu_backward", dgate));
+    p.alias_ok = 1;
     if (!p.be->swiglu_backward) return prep_end(&p, prep_unsupported(&p));
     prep_expect_float(&p, dgate, "dgate");
     prep_check(&p, dup, "dup");
@@ -258,6 +264,7 @@ lunar_status lunar_masked_fill(lunar_ctx *ctx, lunar_tensor *out, const lunar_te
                                const lunar_tensor *mask, double value) {
     lunar_prep p;
     LUNAR_TRY(prep_begin(&p, ctx, "masked_fill", out));
+    p.alias_ok = 1;
     if (!p.be->masked_fill) return prep_end(&p, prep_unsupported(&p));
     prep_expect_float(&p, out, "out");
     same_shape(&p, x, "x", out);

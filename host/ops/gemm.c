@@ -166,7 +166,17 @@ lunar_status lunar_gemm(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor *a, 
     int tx = trans_a, ty = trans_b;
     lunar_tensor *cw;
     int c_batch_ok = c->ndim == 2 || c->shape[0] == 1 || c->stride[0] != 0;
-    if (c->dtype == c_dt && c_batch_ok && rowmajor_ok(c)) {
+    /* BLAS must not write memory it reads: a c that shares memory with a or b (out = a) gets a
+     * temporary, copied into c at the end */
+    int alias = lunar_tensor_overlaps(c, a) || lunar_tensor_overlaps(c, b);
+    if (alias) {
+        prep_temp(&p, &ccopy, c_dt, c->ndim, c->shape);
+        if (!p.st && beta != 0.0f) {
+            lunar_status st = p.be->copy(ctx, &ccopy, c, 0);
+            if (st) p.st = st;
+        }
+        cw = &ccopy;
+    } else if (c->dtype == c_dt && c_batch_ok && rowmajor_ok(c)) {
         if (is_canonical(c)) {
             cw = c;
         } else {
@@ -197,5 +207,6 @@ lunar_status lunar_gemm(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor *a, 
         }
     }
     if (!st) st = p.be->gemm(ctx, cw, xw, yw, tx, ty, alpha, beta);
+    if (!st && alias) st = lunar_copy(ctx, c, &ccopy);
     return prep_end(&p, st);
 }

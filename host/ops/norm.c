@@ -56,6 +56,7 @@ lunar_status lunar_rmsnorm_forward(lunar_ctx *ctx, lunar_tensor *out, lunar_tens
                                    const lunar_tensor *w, float eps) {
     lunar_prep p;
     LUNAR_TRY(prep_begin(&p, ctx, "rmsnorm_forward", x));
+    p.alias_ok = 1;
     if (!p.be->rmsnorm_forward) return prep_end(&p, prep_unsupported(&p));
     int64_t n = 0, c = 0;
     norm_rows(&p, x, "x", &n, &c);
@@ -77,6 +78,7 @@ lunar_status lunar_rmsnorm_backward_input(lunar_ctx *ctx, lunar_tensor *dx, cons
                                           const lunar_tensor *x, const lunar_tensor *w, const lunar_tensor *rstd) {
     lunar_prep p;
     LUNAR_TRY(prep_begin(&p, ctx, "rmsnorm_backward_input", x));
+    p.alias_ok = 1;
     if (!p.be->rmsnorm_backward_input) return prep_end(&p, prep_unsupported(&p));
     int64_t n = 0, c = 0;
     norm_rows(&p, x, "x", &n, &c);
@@ -122,6 +124,7 @@ lunar_status lunar_layernorm_forward(lunar_ctx *ctx, lunar_tensor *out, lunar_te
                                      const lunar_tensor *x, const lunar_tensor *w, const lunar_tensor *b, float eps) {
     lunar_prep p;
     LUNAR_TRY(prep_begin(&p, ctx, "layernorm_forward", x));
+    p.alias_ok = 1;
     if (!p.be->layernorm_forward) return prep_end(&p, prep_unsupported(&p));
     int64_t n = 0, c = 0;
     norm_rows(&p, x, "x", &n, &c);
@@ -148,6 +151,7 @@ lunar_status lunar_layernorm_backward_input(lunar_ctx *ctx, lunar_tensor *dx, co
                                             const lunar_tensor *rstd) {
     lunar_prep p;
     LUNAR_TRY(prep_begin(&p, ctx, "layernorm_backward_input", x));
+    p.alias_ok = 1;
     if (!p.be->layernorm_backward_input) return prep_end(&p, prep_unsupported(&p));
     int64_t n = 0, c = 0;
     norm_rows(&p, x, "x", &n, &c);

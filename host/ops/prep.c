@@ -74,6 +74,7 @@ lunar_status prep_in(lunar_prep *p, lunar_tensor *work, const lunar_tensor *src,
     if (prep_check(p, src, role)) return p->st;
     if (src->dtype == want && lunar_tensor_is_contiguous(src)) {
         lunar_tensor_share(work, src);
+        if (p->n_in_place < PREP_MAX) p->in_place[p->n_in_place++] = *src;
         return hold(p, work);
     }
     if (prep_temp(p, work, want, src->ndim, src->shape)) return p->st;
@@ -86,11 +87,22 @@ lunar_status prep_in(lunar_prep *p, lunar_tensor *work, const lunar_tensor *src,
     return LUNAR_OK;
 }
 
+/* Would writing user in place clobber an input the kernel reads in place? */
+static int clobbers_input(const lunar_prep *p, const lunar_tensor *user) {
+    for (int i = 0; i < p->n_in_place; i++) {
+        const lunar_tensor *in = &p->in_place[i];
+        if (!lunar_tensor_overlaps(user, in)) continue;
+        if (p->alias_ok && lunar_tensor_same_view(user, in)) continue;
+        return 1;
+    }
+    return 0;
+}
+
 lunar_status prep_out(lunar_prep *p, lunar_tensor *work, lunar_tensor *user, const char *role, lunar_dtype want,
                       int load) {
     memset(work, 0, sizeof *work);
     if (prep_check(p, user, role)) return p->st;
-    if (user->dtype == want && lunar_tensor_is_contiguous(user)) {
+    if (user->dtype == want && lunar_tensor_is_contiguous(user) && !clobbers_input(p, user)) {
         lunar_tensor_share(work, user);
         return hold(p, work);
     }

@@ -12,6 +12,12 @@
  * first copies the user's values in, for outputs that accumulate). Errors name the op, the
  * role and the tensor. After the first failure every later prep call is a no-op that returns
  * the same status, so an op can chain calls and check once.
+ *
+ * Aliasing: an output that shares memory with an input the kernel reads in place (prepared
+ * before it) is written through a temporary, so no kernel reads what it has already written.
+ * An op whose kernels read each element before writing the same element (elementwise and
+ * row-wise ops) sets p.alias_ok, which lets an output that is exactly an input's view (in-place
+ * x:add_(y), out = x) be written directly; partial overlaps always go through a temporary.
  */
 #ifndef LUNAR_OPS_PREP_H
 #define LUNAR_OPS_PREP_H
@@ -32,6 +38,9 @@ typedef struct lunar_prep {
     lunar_tensor        *out_user[PREP_MAX]; /* outputs to copy back */
     lunar_tensor        *out_work[PREP_MAX];
     int                  n_out;
+    lunar_tensor         in_place[PREP_MAX]; /* inputs the kernel reads in place (unretained copies) */
+    int                  n_in_place;
+    int                  alias_ok;           /* set by the op: see "Aliasing" above */
 } lunar_prep;
 
 lunar_status prep_begin(lunar_prep *p, lunar_ctx *ctx, const char *op, const lunar_tensor *first);

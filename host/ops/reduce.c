@@ -185,6 +185,7 @@ static lunar_status cumsum_impl(lunar_ctx *ctx, const char *op, lunar_tensor *ou
                                 int reverse) {
     lunar_prep p;
     LUNAR_TRY(prep_begin(&p, ctx, op, x));
+    p.alias_ok = 1;
     if (!p.be->cumsum) return prep_end(&p, prep_unsupported(&p));
     const char *in_role = reverse ? "dy" : "x", *out_role = reverse ? "dx" : "out";
     int64_t outer, n, inner;

@@ -16,6 +16,7 @@ static lunar_status expect_rows(lunar_prep *p, const lunar_tensor *t, const char
 static lunar_status softmax_fwd(lunar_ctx *ctx, const char *op, lunar_tensor *y, const lunar_tensor *x, int log) {
     lunar_prep p;
     LUNAR_TRY(prep_begin(&p, ctx, op, x));
+    p.alias_ok = 1;
     if (!p.be->softmax_forward) return prep_end(&p, prep_unsupported(&p));
     prep_check(&p, y, "y");
     prep_expect_float(&p, x, "x");
@@ -36,6 +37,7 @@ static lunar_status softmax_bwd(lunar_ctx *ctx, const char *op, lunar_tensor *dx
                                 const lunar_tensor *y, int log) {
     lunar_prep p;
     LUNAR_TRY(prep_begin(&p, ctx, op, dy));
+    p.alias_ok = 1;
     if (!p.be->softmax_backward) return prep_end(&p, prep_unsupported(&p));
     prep_check(&p, dx, "dx");
     prep_check(&p, y, "y");
@@ -123,6 +125,7 @@ lunar_status lunar_cross_entropy_backward(lunar_ctx *ctx, lunar_tensor *dlogits,
                                           const lunar_tensor *targets, int64_t ignore_index) {
     lunar_prep p;
     LUNAR_TRY(prep_begin(&p, ctx, "cross_entropy_backward", logits));
+    p.alias_ok = 1;
     if (!p.be->cross_entropy_backward) return prep_end(&p, prep_unsupported(&p));
     check_ce_inputs(&p, logits, targets);
     prep_check(&p, dlogits, "dlogits");

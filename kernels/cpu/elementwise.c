@@ -173,10 +173,11 @@ lunar_status lunar_cpu_swiglu_backward(lunar_ctx *ctx, lunar_tensor *dgate, luna
     float *dg = lunar_tensor_data(dgate), *du = lunar_tensor_data(dup);
 #pragma omp parallel for schedule(static) if (n >= LUNAR_CPU_PAR_MIN)
     for (int64_t i = 0; i < n; i++) {
-        float s = lunar_ew_sigmoid(g[i]);
-        float di = d[i], ui = u[i];
-        dg[i] = di * ui * lunar_ew_dsilu_s(g[i], s);
-        du[i] = di * g[i] * s;
+        /* every input is read before either output is written: dgate may alias gate, dup up */
+        float gi = g[i], di = d[i], ui = u[i];
+        float s = lunar_ew_sigmoid(gi);
+        dg[i] = di * ui * lunar_ew_dsilu_s(gi, s);
+        du[i] = di * gi * s;
     }
     return LUNAR_OK;
 }

@@ -3,13 +3,15 @@
  * a, b, c are f32 row-major views (unit stride in the last dim, leading dimension in
  * stride[ndim-2]; see backend.h), 2-D or batched 3-D. Batches run one cblas_sgemm each, except:
  *   - a 3-D a whose batches are stacked rows (batch stride = M * lda, no trans) times a shared
- *     2-D b is one (batch*M, K) @ (K, N) call, like a linear layer over tokens;
+ *     2-D b is one (batch*M, K) @ (K, N) call, like a linear layer over tokens (when batch*M
+ *     fits BLAS's int; the host checks each dim, not their product);
  *   - many small batches run in parallel, one OpenMP thread per matrix (OpenBLAS runs single
  *     threaded inside a parallel region), since a lone small sgemm cannot use the threads.
  * Every matrix is computed by the same sequence of BLAS calls regardless of the thread count
  * over batches, so results are deterministic.
  */
 #include <cblas.h>
+#include <limits.h>
 
 #include "cpu.h"
 
@@ -33,7 +35,7 @@ lunar_status lunar_cpu_gemm(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor 
     float *pc = lunar_tensor_data(c);
     enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans, tb = trans_b ? CblasTrans : CblasNoTrans;
 
-    if (batch > 1 && sb == 0 && !trans_a && sa == m * lda && sc == m * ldc) {
+    if (batch > 1 && sb == 0 && !trans_a && sa == m * lda && sc == m * ldc && batch * m <= INT_MAX) {
         /* stacked rows: one tall product */
         cblas_sgemm(CblasRowMajor, ta, tb, (int)(batch * m), (int)n, (int)k, alpha, pa, (int)lda, pb, (int)ldb, beta,
                     pc, (int)ldc);

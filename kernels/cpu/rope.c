@@ -13,6 +13,7 @@
 #include <math.h>
 
 #include "cpu.h"
+#include "rope_layout.h"   /* kernels/: shared with the CUDA kernel */
 
 #define FREQ_CHUNK 128
 
@@ -25,23 +26,8 @@ lunar_status lunar_cpu_rope(lunar_ctx *ctx, lunar_tensor *out, const lunar_tenso
     const int64_t *pos = lunar_tensor_data(positions);  /* (T) */
     const float *freq = lunar_tensor_data(inv_freq);    /* (R/2) */
     float *op = lunar_tensor_data(out);                 /* (T, H, D) */
-    /* in/out stride of the pair's first element and offset of its second, per layout */
-    int64_t in_step, in_second, out_step, out_second;
-    if (layout == LUNAR_ROPE_HALF) {
-        in_step = out_step = 1;
-        in_second = out_second = half;
-    } else if (layout == LUNAR_ROPE_INTERLEAVED) {
-        in_step = out_step = 2;
-        in_second = out_second = 1;
-    } else {
-        in_step = 2, in_second = 1;   /* (2i, 2i+1) -> (i, i + R/2) */
-        out_step = 1, out_second = half;
-    }
-    if (inverse) {   /* the transpose also undoes the channel move */
-        int64_t a = in_step, b = in_second;
-        in_step = out_step, in_second = out_second;
-        out_step = a, out_second = b;
-    }
+    lunar_rope_pairs pr = lunar_rope_pairs_for(layout, half, inverse);
+    int64_t in_step = pr.in_step, in_second = pr.in_second, out_step = pr.out_step, out_second = pr.out_second;
     float sign = inverse ? -1.0f : 1.0f;
 #pragma omp parallel for schedule(static) if (t_n * h_n * d >= LUNAR_CPU_PAR_MIN && t_n > 1)
     for (int64_t t = 0; t < t_n; t++) {

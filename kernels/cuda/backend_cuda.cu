@@ -31,6 +31,27 @@ static lunar_status cuda_device_count(lunar_ctx *ctx, int *count) {
     return LUNAR_OK;
 }
 
+// Releases what device_init created (the device is current); safe on a partial init.
+static void device_destroy(lunar_cuda_device *d) {
+    if (d->stream) cudaStreamSynchronize(d->stream);
+    if (d->cublas) cublasDestroy(d->cublas);
+    if (d->cublaslt) cublasLtDestroy(d->cublaslt);
+    if (d->workspace) cudaFree(d->workspace);
+    if (d->stream) cudaStreamDestroy(d->stream);
+    memset(d, 0, sizeof *d);
+}
+
+static lunar_status device_init(lunar_ctx *ctx, lunar_cuda_device *d) {
+    LUNAR_CUDA_CHECK(ctx, cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
+    LUNAR_CUBLAS_CHECK(ctx, cublasCreate(&d->cublas));
+    LUNAR_CUBLAS_CHECK(ctx, cublasSetStream(d->cublas, d->stream));
+    LUNAR_CUBLAS_CHECK(ctx, cublasLtCreate(&d->cublaslt));
+    d->workspace_bytes = 32u << 20;
+    LUNAR_CUDA_CHECK(ctx, cudaMalloc(&d->workspace, d->workspace_bytes));
+    LUNAR_CUBLAS_CHECK(ctx, cublasSetWorkspace(d->cublas, d->workspace, d->workspace_bytes));
+    return LUNAR_OK;
+}
+
 extern "C" lunar_status lunar_cuda_device_get(lunar_ctx *ctx, int device, lunar_cuda_device **out) {
     int count = 0;
     lunar_status st = cuda_device_count(ctx, &count);
@@ -40,13 +61,11 @@ extern "C" lunar_status lunar_cuda_device_get(lunar_ctx *ctx, int device, lunar_
     lunar_cuda_device *d = &cuda_state(ctx)->dev[device];
     LUNAR_CUDA_CHECK(ctx, cudaSetDevice(device));
     if (!d->ready) {
-        LUNAR_CUDA_CHECK(ctx, cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
-        LUNAR_CUBLAS_CHECK(ctx, cublasCreate(&d->cublas));
-        LUNAR_CUBLAS_CHECK(ctx, cublasSetStream(d->cublas, d->stream));
-        LUNAR_CUBLAS_CHECK(ctx, cublasLtCreate(&d->cublaslt));
-        d->workspace_bytes = 32u << 20;
-        LUNAR_CUDA_CHECK(ctx, cudaMalloc(&d->workspace, d->workspace_bytes));
-        LUNAR_CUBLAS_CHECK(ctx, cublasSetWorkspace(d->cublas, d->workspace, d->workspace_bytes));
+        st = device_init(ctx, d);
+        if (st != LUNAR_OK) {
+            device_destroy(d);   // a later call starts again from nothing instead of leaking
+            return st;
+        }
         d->ready = 1;
     }
     *out = d;
@@ -74,23 +93,23 @@ static void cuda_free(lunar_ctx *ctx, int device, void *ptr) {
     cudaFree(ptr);   // synchronises the device, so no kernel still uses the block
 }
 
-static lunar_status cuda_copy_to_host(lunar_ctx *ctx, int device, void *dst, const void *src, size_t n) {
+// A copy between host and device memory on the device's stream, finished before it returns:
+// the host side may be a stack buffer or be reused as soon as the call is over.
+static lunar_status copy_sync(lunar_ctx *ctx, int device, void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
     lunar_cuda_device *d;
     lunar_status st = lunar_cuda_device_get(ctx, device, &d);
     if (st != LUNAR_OK) return st;
-    LUNAR_CUDA_CHECK(ctx, cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, d->stream));
+    LUNAR_CUDA_CHECK(ctx, cudaMemcpyAsync(dst, src, n, kind, d->stream));
     LUNAR_CUDA_CHECK(ctx, cudaStreamSynchronize(d->stream));
     return LUNAR_OK;
 }
 
+static lunar_status cuda_copy_to_host(lunar_ctx *ctx, int device, void *dst, const void *src, size_t n) {
+    return copy_sync(ctx, device, dst, src, n, cudaMemcpyDeviceToHost);
+}
+
 static lunar_status cuda_copy_from_host(lunar_ctx *ctx, int device, void *dst, const void *src, size_t n) {
-    lunar_cuda_device *d;
-    lunar_status st = lunar_cuda_device_get(ctx, device, &d);
-    if (st != LUNAR_OK) return st;
-    LUNAR_CUDA_CHECK(ctx, cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, d->stream));
-    // the host buffer may be reused as soon as we return
-    LUNAR_CUDA_CHECK(ctx, cudaStreamSynchronize(d->stream));
-    return LUNAR_OK;
+    return copy_sync(ctx, device, dst, src, n, cudaMemcpyHostToDevice);
 }
 
 static lunar_status cuda_synchronize(lunar_ctx *ctx, int device) {
@@ -108,11 +127,7 @@ static void cuda_shutdown(lunar_ctx *ctx) {
         lunar_cuda_device *d = &s->dev[i];
         if (!d->ready) continue;
         cudaSetDevice(i);
-        cudaStreamSynchronize(d->stream);
-        cublasDestroy(d->cublas);
-        cublasLtDestroy(d->cublaslt);
-        cudaFree(d->workspace);
-        cudaStreamDestroy(d->stream);
+        device_destroy(d);
     }
     free(s);
     lunar_ctx_set_backend_state(ctx, LUNAR_DEVICE_CUDA, NULL);

@@ -6,6 +6,8 @@
 // leading dimension ld is the column-major (C, R) matrix with the same ld, i.e. its transpose.
 // So the row-major c = op(a) op(b) is computed as the column-major c^T = op(b)^T op(a)^T:
 // cuBLAS gets b first, then a, with m = N, n = M and the same trans flags.
+#include <limits.h>
+
 #include "common.cuh"
 
 static cudaDataType_t cublas_type(lunar_dtype dt) {
@@ -30,8 +32,9 @@ extern "C" lunar_status lunar_cuda_gemm(lunar_ctx *ctx, lunar_tensor *c, const l
     int64_t k = a->shape[a->ndim - 1 - trans_a];
     int64_t lda = lead_dim(a), ldb = lead_dim(b), ldc = lead_dim(c);
     long long sa = batch_stride(a), sb = batch_stride(b), sc = batch_stride(c);
-    if (batch > 1 && sb == 0 && !trans_a && sa == m * lda && sc == m * ldc) {
-        // a's batches are stacked rows and b is shared: one (batch*M, K) @ (K, N) product
+    if (batch > 1 && sb == 0 && !trans_a && sa == m * lda && sc == m * ldc && batch * m <= INT_MAX) {
+        // a's batches are stacked rows and b is shared: one (batch*M, K) @ (K, N) product (when
+        // batch*M fits cuBLAS's int; the host checks each dim, not their product)
         m *= batch;
         batch = 1;
     }

@@ -145,6 +145,14 @@ static lunar_status flag_end(lunar_ctx *ctx, range_flag *f, cudaStream_t stream,
 
 // ---- launchers ---------------------------------------------------------------------------------
 
+// Runs `launch` (a statement using T) for the float dtype dt; the flag is released on every path.
+#define INDEX_DISPATCH(dt, T, ...)                                                              \
+    switch (dt) {                                                                               \
+    case LUNAR_DTYPE_F32: { typedef float T; __VA_ARGS__; break; }                              \
+    case LUNAR_DTYPE_BF16: { typedef __nv_bfloat16 T; __VA_ARGS__; break; }                     \
+    default: { typedef __half T; __VA_ARGS__; break; }                                          \
+    }
+
 extern "C" lunar_status lunar_cuda_embedding_forward(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *ids,
                                                      const lunar_tensor *weight) {
     int64_t n = lunar_tensor_numel(ids), v = weight->shape[0], c = weight->shape[1];
@@ -153,20 +161,9 @@ extern "C" lunar_status lunar_cuda_embedding_forward(lunar_ctx *ctx, lunar_tenso
     range_flag f;
     LUNAR_TRY(lunar_cuda_stream_for(ctx, out, &stream));
     LUNAR_TRY(flag_begin(ctx, &f, out, stream));
-    switch (weight->dtype) {
-    case LUNAR_DTYPE_F32:
-        embedding_forward_kernel<float><<<lunar_cuda_grid(n * c), LUNAR_CUDA_BLOCK, 0, stream>>>(
-            DATA(float, out), DATA(const int64_t, ids), DATA(const float, weight), n, v, c, f.bad);
-        break;
-    case LUNAR_DTYPE_BF16:
-        embedding_forward_kernel<__nv_bfloat16><<<lunar_cuda_grid(n * c), LUNAR_CUDA_BLOCK, 0, stream>>>(
-            DATA(__nv_bfloat16, out), DATA(const int64_t, ids), DATA(const __nv_bfloat16, weight), n, v, c, f.bad);
-        break;
-    default:
-        embedding_forward_kernel<__half><<<lunar_cuda_grid(n * c), LUNAR_CUDA_BLOCK, 0, stream>>>(
-            DATA(__half, out), DATA(const int64_t, ids), DATA(const __half, weight), n, v, c, f.bad);
-        break;
-    }
+    INDEX_DISPATCH(weight->dtype, T,
+        embedding_forward_kernel<T><<<lunar_cuda_grid(n * c), LUNAR_CUDA_BLOCK, 0, stream>>>(
+            DATA(T, out), DATA(const int64_t, ids), DATA(const T, weight), n, v, c, f.bad));
     return flag_end(ctx, &f, stream, "embedding_forward", ids, weight, "weight", 0, v);
 }
 
@@ -178,30 +175,11 @@ extern "C" lunar_status lunar_cuda_embedding_backward(lunar_ctx *ctx, lunar_tens
     range_flag f;
     LUNAR_TRY(lunar_cuda_stream_for(ctx, dweight, &stream));
     LUNAR_TRY(flag_begin(ctx, &f, dweight, stream));
-    switch (dweight->dtype) {
-    case LUNAR_DTYPE_F32:
-        embedding_backward_kernel<float><<<lunar_cuda_grid(n * c), LUNAR_CUDA_BLOCK, 0, stream>>>(
-            DATA(float, dweight), DATA(const float, dout), DATA(const int64_t, ids), n, v, c, f.bad);
-        break;
-    case LUNAR_DTYPE_BF16:
-        embedding_backward_kernel<__nv_bfloat16><<<lunar_cuda_grid(n * c), LUNAR_CUDA_BLOCK, 0, stream>>>(
-            DATA(__nv_bfloat16, dweight), DATA(const __nv_bfloat16, dout), DATA(const int64_t, ids), n, v, c, f.bad);
-        break;
-    default:
-        embedding_backward_kernel<__half><<<lunar_cuda_grid(n * c), LUNAR_CUDA_BLOCK, 0, stream>>>(
-            DATA(__half, dweight), DATA(const __half, dout), DATA(const int64_t, ids), n, v, c, f.bad);
-        break;
-    }
+    INDEX_DISPATCH(dweight->dtype, T,
+        embedding_backward_kernel<T><<<lunar_cuda_grid(n * c), LUNAR_CUDA_BLOCK, 0, stream>>>(
+            DATA(T, dweight), DATA(const T, dout), DATA(const int64_t, ids), n, v, c, f.bad));
     return flag_end(ctx, &f, stream, "embedding_backward", ids, dweight, "dweight", 0, v);
 }
-
-// Runs `launch` (a statement using T) for the float dtype dt; the flag is released on every path.
-#define INDEX_DISPATCH(dt, T, ...)                                                              \
-    switch (dt) {                                                                               \
-    case LUNAR_DTYPE_F32: { typedef float T; __VA_ARGS__; break; }                              \
-    case LUNAR_DTYPE_BF16: { typedef __nv_bfloat16 T; __VA_ARGS__; break; }                     \
-    default: { typedef __half T; __VA_ARGS__; break; }                                          \
-    }
 
 extern "C" lunar_status lunar_cuda_index_select(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *src,
                                                 const lunar_tensor *index, int64_t outer, int64_t n_src,

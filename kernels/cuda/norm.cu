@@ -1,7 +1,9 @@
 // norm.cu: RMSNorm and LayerNorm on the GPU, over the last dim (x seen as (N, C)).
 //
-// forward / backward_input: one block per row; each thread sums a strided slice in f32 and the
-// block combines the slices in a fixed tree (deterministic for a given block size).
+// forward / backward_input: one block per row (blocks loop over rows when there are more rows
+// than blocks); each thread sums a strided slice in f32 and the block combines the slices in a
+// fixed tree (deterministic for a given block size). C = 0 gives mean 0 and variance 0, as on
+// the CPU.
 // RMSNorm follows HF exactly for 16-bit inputs: x * rstd is rounded to the input dtype before
 // the multiplication by the weight (`weight * hidden.to(input_dtype)`).
 // backward_params: deterministic two-stage sum. Stage 1: blocks of 32 columns x ROWS_PER_PART
@@ -39,44 +41,46 @@ __device__ float block_sum(float v, float *sh) {
 // ---- RMSNorm -------------------------------------------------------------------------------
 
 template <typename T>
-__global__ void rmsnorm_forward_kernel(T *out, float *rstd, const T *x, const T *w, int64_t c, float eps) {
+__global__ void rmsnorm_forward_kernel(T *out, float *rstd, const T *x, const T *w, int64_t n, int64_t c, float eps) {
     __shared__ float sh[32];
-    int64_t row = blockIdx.x;
-    const T *xr = x + row * c;
-    T *orow = out + row * c;
-    float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
-        float v = lunar_to_f32(xr[i]);
-        ss += v * v;
-    }
-    ss = block_sum(ss, sh);
-    float r = rsqrtf((c > 0 ? ss / (float)c : 0.0f) + eps);
-    if (threadIdx.x == 0) rstd[row] = r;
-    for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
-        float xn = lunar_to_f32(lunar_from_f32<T>(lunar_to_f32(xr[i]) * r));   // HF: .to(input_dtype)
-        orow[i] = lunar_from_f32<T>(w ? xn * lunar_to_f32(w[i]) : xn);
+    for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+        const T *xr = x + row * c;
+        T *orow = out + row * c;
+        float ss = 0.0f;
+        for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
+            float v = lunar_to_f32(xr[i]);
+            ss += v * v;
+        }
+        ss = block_sum(ss, sh);
+        float r = rsqrtf((c > 0 ? ss / (float)c : 0.0f) + eps);
+        if (threadIdx.x == 0) rstd[row] = r;
+        for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
+            float xn = lunar_to_f32(lunar_from_f32<T>(lunar_to_f32(xr[i]) * r));   // HF: .to(input_dtype)
+            orow[i] = lunar_from_f32<T>(w ? xn * lunar_to_f32(w[i]) : xn);
+        }
     }
 }
 
 // dx = rstd * (g - xhat * mean(g * xhat)), g = dout * w
 template <typename T>
 __global__ void rmsnorm_backward_input_kernel(T *dx, const T *dout, const T *x, const T *w, const float *rstd,
-                                              int64_t c) {
+                                              int64_t n, int64_t c) {
     __shared__ float sh[32];
-    int64_t row = blockIdx.x;
-    const T *xr = x + row * c, *dr = dout + row * c;
-    T *dxr = dx + row * c;
-    float r = rstd[row];
-    float s = 0.0f;
-    for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
-        float g = lunar_to_f32(dr[i]) * (w ? lunar_to_f32(w[i]) : 1.0f);
-        s += g * lunar_to_f32(xr[i]);
-    }
-    s = block_sum(s, sh);
-    float k = r * r * r * s / (float)c;
-    for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
-        float g = lunar_to_f32(dr[i]) * (w ? lunar_to_f32(w[i]) : 1.0f);
-        dxr[i] = lunar_from_f32<T>(r * g - lunar_to_f32(xr[i]) * k);
+    for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+        const T *xr = x + row * c, *dr = dout + row * c;
+        T *dxr = dx + row * c;
+        float r = rstd[row];
+        float s = 0.0f;
+        for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
+            float g = lunar_to_f32(dr[i]) * (w ? lunar_to_f32(w[i]) : 1.0f);
+            s += g * lunar_to_f32(xr[i]);
+        }
+        s = block_sum(s, sh);
+        float k = r * r * r * s / (float)c;
+        for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
+            float g = lunar_to_f32(dr[i]) * (w ? lunar_to_f32(w[i]) : 1.0f);
+            dxr[i] = lunar_from_f32<T>(r * g - lunar_to_f32(xr[i]) * k);
+        }
     }
 }
 
@@ -84,53 +88,55 @@ __global__ void rmsnorm_backward_input_kernel(T *dx, const T *dout, const T *x, 
 
 template <typename T>
 __global__ void layernorm_forward_kernel(T *out, float *mean, float *rstd, const T *x, const T *w, const T *b,
-                                         int64_t c, float eps) {
+                                         int64_t n, int64_t c, float eps) {
     __shared__ float sh[32];
-    int64_t row = blockIdx.x;
-    const T *xr = x + row * c;
-    T *orow = out + row * c;
-    float s = 0.0f;
-    for (int64_t i = threadIdx.x; i < c; i += blockDim.x) s += lunar_to_f32(xr[i]);
-    float mu = block_sum(s, sh) / (float)c;
-    float q = 0.0f;
-    for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
-        float d = lunar_to_f32(xr[i]) - mu;
-        q += d * d;
-    }
-    float r = rsqrtf(block_sum(q, sh) / (float)c + eps);   // biased variance
-    if (threadIdx.x == 0) {
-        mean[row] = mu;
-        rstd[row] = r;
-    }
-    for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
-        float y = (lunar_to_f32(xr[i]) - mu) * r;
-        if (w) y *= lunar_to_f32(w[i]);
-        if (b) y += lunar_to_f32(b[i]);
-        orow[i] = lunar_from_f32<T>(y);
+    for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+        const T *xr = x + row * c;
+        T *orow = out + row * c;
+        float s = 0.0f;
+        for (int64_t i = threadIdx.x; i < c; i += blockDim.x) s += lunar_to_f32(xr[i]);
+        float mu = c > 0 ? block_sum(s, sh) / (float)c : 0.0f;
+        float q = 0.0f;
+        for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
+            float d = lunar_to_f32(xr[i]) - mu;
+            q += d * d;
+        }
+        float r = rsqrtf((c > 0 ? block_sum(q, sh) / (float)c : 0.0f) + eps);   // biased variance
+        if (threadIdx.x == 0) {
+            mean[row] = mu;
+            rstd[row] = r;
+        }
+        for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
+            float y = (lunar_to_f32(xr[i]) - mu) * r;
+            if (w) y *= lunar_to_f32(w[i]);
+            if (b) y += lunar_to_f32(b[i]);
+            orow[i] = lunar_from_f32<T>(y);
+        }
     }
 }
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
 template <typename T>
 __global__ void layernorm_backward_input_kernel(T *dx, const T *dout, const T *x, const T *w, const float *mean,
-                                                const float *rstd, int64_t c) {
+                                                const float *rstd, int64_t n, int64_t c) {
     __shared__ float sh[32];
-    int64_t row = blockIdx.x;
-    const T *xr = x + row * c, *dr = dout + row * c;
-    T *dxr = dx + row * c;
-    float mu = mean[row], r = rstd[row];
-    float sg = 0.0f, sgx = 0.0f;
-    for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
-        float g = lunar_to_f32(dr[i]) * (w ? lunar_to_f32(w[i]) : 1.0f);
-        sg += g;
-        sgx += g * (lunar_to_f32(xr[i]) - mu) * r;
-    }
-    float mg = block_sum(sg, sh) / (float)c;
-    float mgx = block_sum(sgx, sh) / (float)c;
-    for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
-        float g = lunar_to_f32(dr[i]) * (w ? lunar_to_f32(w[i]) : 1.0f);
-        float xh = (lunar_to_f32(xr[i]) - mu) * r;
-        dxr[i] = lunar_from_f32<T>(r * (g - mg - xh * mgx));
+    for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
+        const T *xr = x + row * c, *dr = dout + row * c;
+        T *dxr = dx + row * c;
+        float mu = mean[row], r = rstd[row];
+        float sg = 0.0f, sgx = 0.0f;
+        for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
+            float g = lunar_to_f32(dr[i]) * (w ? lunar_to_f32(w[i]) : 1.0f);
+            sg += g;
+            sgx += g * (lunar_to_f32(xr[i]) - mu) * r;
+        }
+        float mg = block_sum(sg, sh) / (float)c;
+        float mgx = block_sum(sgx, sh) / (float)c;
+        for (int64_t i = threadIdx.x; i < c; i += blockDim.x) {
+            float g = lunar_to_f32(dr[i]) * (w ? lunar_to_f32(w[i]) : 1.0f);
+            float xh = (lunar_to_f32(xr[i]) - mu) * r;
+            dxr[i] = lunar_from_f32<T>(r * (g - mg - xh * mgx));
+        }
     }
 }
 
@@ -192,6 +198,9 @@ static int is_cuda_float(lunar_dtype dt) {
     return dt == LUNAR_DTYPE_F32 || dt == LUNAR_DTYPE_BF16 || dt == LUNAR_DTYPE_F16;
 }
 
+// blocks for n rows (the kernels loop over rows, so n may exceed the grid limit)
+static unsigned row_blocks(int64_t n) { return (unsigned)(n < 65535LL * 32 ? n : 65535LL * 32); }
+
 static unsigned norm_threads(int64_t c) {
     int64_t t = (c + 31) / 32 * 32;
     if (t < 32) t = 32;
@@ -209,8 +218,8 @@ extern "C" lunar_status lunar_cuda_rmsnorm_forward(lunar_ctx *ctx, lunar_tensor 
     lunar_status st = lunar_cuda_stream_for(ctx, x, &stream);
     if (st != LUNAR_OK) return st;
     LUNAR_CUDA_DISPATCH_FLOAT(ctx, x->dtype, T,
-        rmsnorm_forward_kernel<T><<<(unsigned)n, norm_threads(c), 0, stream>>>(
-            DATA(T, out), DATA(float, rstd), DATA(const T, x), DATA(const T, w), c, eps));
+        rmsnorm_forward_kernel<T><<<row_blocks(n), norm_threads(c), 0, stream>>>(
+            DATA(T, out), DATA(float, rstd), DATA(const T, x), DATA(const T, w), n, c, eps));
     LUNAR_CUDA_LAUNCH_CHECK(ctx, "rmsnorm_forward");
     return LUNAR_OK;
 }
@@ -225,8 +234,8 @@ extern "C" lunar_status lunar_cuda_rmsnorm_backward_input(lunar_ctx *ctx, lunar_
     lunar_status st = lunar_cuda_stream_for(ctx, x, &stream);
     if (st != LUNAR_OK) return st;
     LUNAR_CUDA_DISPATCH_FLOAT(ctx, x->dtype, T,
-        rmsnorm_backward_input_kernel<T><<<(unsigned)n, norm_threads(c), 0, stream>>>(
-            DATA(T, dx), DATA(const T, dout), DATA(const T, x), DATA(const T, w), DATA(const float, rstd), c));
+        rmsnorm_backward_input_kernel<T><<<row_blocks(n), norm_threads(c), 0, stream>>>(
+            DATA(T, dx), DATA(const T, dout), DATA(const T, x), DATA(const T, w), DATA(const float, rstd), n, c));
     LUNAR_CUDA_LAUNCH_CHECK(ctx, "rmsnorm_backward_input");
     return LUNAR_OK;
 }
@@ -295,9 +304,9 @@ extern "C" lunar_status lunar_cuda_layernorm_forward(lunar_ctx *ctx, lunar_tenso
     lunar_status st = lunar_cuda_stream_for(ctx, x, &stream);
     if (st != LUNAR_OK) return st;
     LUNAR_CUDA_DISPATCH_FLOAT(ctx, x->dtype, T,
-        layernorm_forward_kernel<T><<<(unsigned)n, norm_threads(c), 0, stream>>>(
+        layernorm_forward_kernel<T><<<row_blocks(n), norm_threads(c), 0, stream>>>(
             DATA(T, out), DATA(float, mean), DATA(float, rstd), DATA(const T, x), DATA(const T, w), DATA(const T, b),
-            c, eps));
+            n, c, eps));
     LUNAR_CUDA_LAUNCH_CHECK(ctx, "layernorm_forward");
     return LUNAR_OK;
 }
@@ -312,9 +321,9 @@ extern "C" lunar_status lunar_cuda_layernorm_backward_input(lunar_ctx *ctx, luna
     lunar_status st = lunar_cuda_stream_for(ctx, x, &stream);
     if (st != LUNAR_OK) return st;
     LUNAR_CUDA_DISPATCH_FLOAT(ctx, x->dtype, T,
-        layernorm_backward_input_kernel<T><<<(unsigned)n, norm_threads(c), 0, stream>>>(
+        layernorm_backward_input_kernel<T><<<row_blocks(n), norm_threads(c), 0, stream>>>(
             DATA(T, dx), DATA(const T, dout), DATA(const T, x), DATA(const T, w), DATA(const float, mean),
-            DATA(const float, rstd), c));
+            DATA(const float, rstd), n, c));
     LUNAR_CUDA_LAUNCH_CHECK(ctx, "layernorm_backward_input");
     return LUNAR_OK;
 }

@@ -5,11 +5,12 @@
 // R + (j - R/2). angle = f32(position) * inv_freq[j] in f32; cos/sin in f32 (accurate sincosf,
 // positions up to ~2^24), times scale. The host guarantees out does not alias x.
 #include "common.cuh"
+#include "rope_layout.h"   // kernels/: shared with the CPU kernel
 
 template <typename T>
 __global__ void rope_kernel(T *out, const T *x, const int64_t *pos, const float *freq, int64_t t_n, int64_t h_n,
-                            int64_t d, int64_t half, int in_step, int64_t in_second, int out_step, int64_t out_second,
-                            float scale, float sign) {
+                            int64_t d, int64_t half, int64_t in_step, int64_t in_second, int64_t out_step,
+                            int64_t out_second, float scale, float sign) {
     int64_t per_row = half + (d - 2 * half);   // pairs, then copied channels
     LUNAR_GRID_STRIDE(k, t_n * h_n * per_row) {
         int64_t row = k / per_row, j = k % per_row;
@@ -37,31 +38,15 @@ extern "C" lunar_status lunar_cuda_rope(lunar_ctx *ctx, lunar_tensor *out, const
     int64_t t_n = x->shape[0], h_n = x->shape[1], d = x->shape[2], half = inv_freq->shape[0];
     int64_t work = t_n * h_n * (d - half);
     if (work == 0) return LUNAR_OK;
-    int in_step, out_step;
-    int64_t in_second, out_second;
-    if (layout == LUNAR_ROPE_HALF) {
-        in_step = out_step = 1;
-        in_second = out_second = half;
-    } else if (layout == LUNAR_ROPE_INTERLEAVED) {
-        in_step = out_step = 2;
-        in_second = out_second = 1;
-    } else {
-        in_step = 2, in_second = 1;   // (2i, 2i+1) -> (i, i + R/2)
-        out_step = 1, out_second = half;
-    }
-    if (inverse) {   // the transposed rotation also undoes the channel move
-        int a = in_step;
-        int64_t b = in_second;
-        in_step = out_step, in_second = out_second;
-        out_step = a, out_second = b;
-    }
+    lunar_rope_pairs pr = lunar_rope_pairs_for(layout, half, inverse);
     cudaStream_t stream;
     lunar_status st = lunar_cuda_stream_for(ctx, x, &stream);
     if (st != LUNAR_OK) return st;
     LUNAR_CUDA_DISPATCH_FLOAT(ctx, x->dtype, T,
         rope_kernel<T><<<lunar_cuda_grid(work), LUNAR_CUDA_BLOCK, 0, stream>>>(
             (T *)lunar_tensor_data(out), (const T *)lunar_tensor_data(x), (const int64_t *)lunar_tensor_data(positions),
-            (const float *)lunar_tensor_data(inv_freq), t_n, h_n, d, half, in_step, in_second, out_step, out_second,
+            (const float *)lunar_tensor_data(inv_freq), t_n, h_n, d, half, pr.in_step, pr.in_second, pr.out_step,
+            pr.out_second,
             scale, inverse ? -1.0f : 1.0f));
     LUNAR_CUDA_LAUNCH_CHECK(ctx, "rope");
     return LUNAR_OK;

@@ -5,7 +5,11 @@ local M = {}
 local EDGE = 3          -- entries kept at each end of a summarised dim
 local FULL_LIMIT = 1000 -- print every element up to this many
 
-local function fmt_for(values)
+-- integer dtypes always print as integers, whatever their magnitude (token ids, offsets)
+local INT_DTYPES = {i8 = true, i32 = true, i64 = true, u8 = true, bool = true}
+
+local function fmt_for(values, int_dtype)
+    if int_dtype then return '%.0f', true end
     local all_int, maxabs, minabs = true, 0, math.huge
     for _, v in ipairs(values) do
         if v ~= v or v == math.huge or v == -math.huge then
@@ -17,7 +21,7 @@ local function fmt_for(values)
             if a > 0 and a < minabs then minabs = a end
         end
     end
-    if all_int and maxabs < 1e15 then return '%d', true end
+    if all_int and maxabs < 1e15 then return '%d', true end   -- exact, and -0 prints as 0
     if maxabs >= 1e5 or (minabs < 1e-4 and minabs ~= math.huge) then return '%.4e', false end
     return '%.4f', false
 end
@@ -26,7 +30,6 @@ local function fmt_value(v, fmt, is_int)
     if v ~= v then return 'nan' end
     if v == math.huge then return 'inf' end
     if v == -math.huge then return '-inf' end
-    if is_int then return string.format('%d', v) end
     return string.format(fmt, v)
 end
 
@@ -65,7 +68,7 @@ function M.tostring(t)
     end
     if #shape == 0 then values[1] = host:item() else collect({}, 1) end
     for i, v in ipairs(values) do if type(v) == 'boolean' then values[i] = v and 1 or 0 end end
-    local fmt, is_int = fmt_for(values)
+    local fmt, is_int = fmt_for(values, INT_DTYPES[t:dtype()])
     local width = 0
     for _, v in ipairs(values) do width = math.max(width, #fmt_value(v, fmt, is_int)) end
     local function cell(v)

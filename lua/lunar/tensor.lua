@@ -15,6 +15,13 @@ api.is_tensor = M.is_tensor
 local function fail(msg) error(core.user_where() .. msg, 0) end
 M.fail = fail
 
+-- x must be a tensor: the error names the op and the argument's role (the op wrappers check
+-- their tensor arguments first, so a wrong one is not "attempt to index a nil value")
+function M.check(x, role, op)
+    if not M.is_tensor(x) then fail(('%s: %s must be a tensor, got a %s'):format(op, role, type(x))) end
+    return x
+end
+
 -- (sizes..., opts) | ({sizes}, opts); opts = {dtype=, device=, name=, rng=} or dtype[, device]
 local function shape_and_opts(...)
     local n = select('#', ...)

@@ -16,6 +16,14 @@ function M.suite(name)
     return setmetatable({name = name, cases = {}}, Suite)
 end
 
+-- For tests that need a GPU: exits with 77 (ctest's "skipped") when there is no CUDA device.
+function M.require_cuda()
+    if require('lunar').device_count('cuda') == 0 then
+        print('no CUDA device: skipped')
+        os.exit(77)
+    end
+end
+
 function Suite:test(desc, fn)
     self.cases[#self.cases + 1] = {desc = desc, fn = fn}
 end

@@ -169,6 +169,42 @@ static void test_rng(lunar_ctx *ctx) {
     lunar_tensor_release(ctx, &b);
 }
 
+/* Sizes whose element or byte count overflows int64 (or size_t) are shape errors, never a tiny
+ * allocation that views and kernels would then index past; views cannot create them either. */
+static void test_size_limits(lunar_ctx *ctx) {
+    lunar_tensor t = {0}, v = {0};
+    int64_t huge[2] = {(int64_t)1 << 40, (int64_t)1 << 40};
+    CHECK(lunar_tensor_new(ctx, &t, LUNAR_DTYPE_F32, CPU, 2, huge) == LUNAR_ERR_SHAPE, "2^80 elements must fail");
+    CHECK(strstr(lunar_ctx_error(ctx), "too large") != NULL, "message: %s", lunar_ctx_error(ctx));
+    int64_t bytes[1] = {(int64_t)1 << 62};   /* fits int64 as elements, not as f32 bytes */
+    CHECK(lunar_tensor_new(ctx, &t, LUNAR_DTYPE_F32, CPU, 1, bytes) == LUNAR_ERR_SHAPE, "2^64 bytes must fail");
+    CHECK(t.storage == NULL, "nothing allocated");
+    /* a pool request near SIZE_MAX fails (it used to loop forever rounding to a size class) */
+    lunar_storage *s = NULL;
+    CHECK(lunar_storage_new(ctx, &s, CPU, (size_t)-1 - 1000) == LUNAR_ERR_OOM, "huge storage must fail");
+    CHECK(s == NULL, "no storage");
+
+    int64_t one[1] = {3};
+    CHECK(lunar_tensor_new(ctx, &t, LUNAR_DTYPE_F32, CPU, 1, one) == LUNAR_OK, "new");
+    int64_t neg[2] = {-1, 3};   /* -1 keeps a size; a new leading dim has none to keep */
+    CHECK(lunar_tensor_expand(ctx, &v, &t, 2, neg) == LUNAR_ERR_SHAPE, "expand to a -1 leading dim must fail");
+    CHECK(v.storage == NULL, "no view");
+    int64_t neg2[2] = {2, -5};
+    lunar_tensor u = {0};
+    int64_t us[2] = {3, 1};
+    CHECK(lunar_tensor_new(ctx, &u, LUNAR_DTYPE_F32, CPU, 2, us) == LUNAR_OK, "new");
+    CHECK(lunar_tensor_expand(ctx, &v, &u, 2, neg2) == LUNAR_ERR_SHAPE, "expand to size -5 must fail");
+    int64_t big[3] = {(int64_t)1 << 40, (int64_t)1 << 40, 3};
+    CHECK(lunar_tensor_expand(ctx, &v, &t, 3, big) == LUNAR_ERR_SHAPE, "expand past int64 elements must fail");
+    CHECK(v.storage == NULL, "no view");
+    /* narrow bounds are checked without overflowing start + length */
+    CHECK(lunar_tensor_narrow(ctx, &v, &t, 0, (int64_t)1 << 62, (int64_t)3 << 61) == LUNAR_ERR_ARG,
+          "narrow far out of range must fail");
+    CHECK(v.storage == NULL, "no view");
+    lunar_tensor_release(ctx, &t);
+    lunar_tensor_release(ctx, &u);
+}
+
 int main(void) {
     lunar_ctx *ctx;
     if (lunar_ctx_init(&ctx) != LUNAR_OK) return 1;
@@ -177,6 +213,7 @@ int main(void) {
     test_pool_and_scope(ctx);
     test_dtypes();
     test_rng(ctx);
+    test_size_limits(ctx);
     lunar_ctx_free(ctx);
     if (failures) {
         fprintf(stderr, "%d check(s) failed\n", failures);

@@ -6,10 +6,7 @@
 -- ulp); bf16/f16 results rtol 1e-2, atol 1e-3 (one low-precision rounding apart at most, the CPU
 -- computes in f32 from the same rounded inputs).
 local lunar = require 'lunar'
-if lunar.device_count('cuda') == 0 then
-    print('no CUDA device: skipped')
-    os.exit(77)
-end
+require('lunar.testing').require_cuda()
 local T = require('lunar.testing').suite('gpu.gemm_elementwise')
 local ops = lunar.ops
 

@@ -8,10 +8,7 @@
 -- 2e-2, atol 2e-2 (RMSNorm on CUDA rounds x * rstd to the input dtype before the weight, as HF
 -- does; the CPU rounds once).
 local lunar = require 'lunar'
-if lunar.device_count('cuda') == 0 then
-    print('no CUDA device: skipped')
-    os.exit(77)
-end
+require('lunar.testing').require_cuda()
 local T = require('lunar.testing').suite('gpu.norm_rope_index_adamw')
 local ops = lunar.ops
 

@@ -5,10 +5,7 @@
 -- softmax); bf16 outputs rtol 1e-2 (one bf16 rounding apart at most); sort and argmax results
 -- must be identical (same total order on both backends).
 local lunar = require 'lunar'
-if lunar.device_count('cuda') == 0 then
-    print('no CUDA device: skipped')
-    os.exit(77)
-end
+require('lunar.testing').require_cuda()
 local T = require('lunar.testing').suite('gpu.reduce_softmax_sort')
 local ops = lunar.ops
 

@@ -370,6 +370,16 @@ T:test('swiglu forward and backward (gradcheck eps 1e-3, rtol 1e-2, atol 1e-3)',
     T.close(ob, want, with_msg(BF16, 'swiglu bf16'))
     T.raises(function() ops.swiglu(lunar.randn(3, 17), lunar.randn(3, 16)) end,
         "up 'tensor' has shape (3, 16), expected (3, 17)")
+    -- gradients written over their inputs (dgate = gate, dup = up: buffer reuse in a backward
+    -- pass) equal the out-of-place ones; the CPU kernel used to read gate after writing dgate
+    for _, n in ipairs({3, 1000, 17000}) do
+        local g0, u0, d0 = lunar.randn(n), lunar.randn(n), lunar.randn(n)
+        local dg, du = ops.swiglu_backward(d0, g0, u0)
+        local g1, u1 = g0:clone(), u0:clone()
+        ops.swiglu_backward(d0, g1, u1, {dgate = g1, dup = u1})
+        T.close(g1, dg:tolist_flat(), {rtol = 0, atol = 0, msg = 'in-place dgate'})
+        T.close(u1, du:tolist_flat(), {rtol = 0, atol = 0, msg = 'in-place dup'})
+    end
 end)
 
 T:test('masked_fill with broadcast masks, bool and u8, views, bf16, in place', function()

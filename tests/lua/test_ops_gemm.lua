@@ -141,6 +141,30 @@ T:test('beta accumulation into contiguous, narrowed, transposed and bf16 outputs
     T.close(cb, want, {rtol = 2 ^ -7, atol = 1e-3})
 end)
 
+T:test('an out that is an input (x = x @ w, w = a @ w, batched, transposed) is computed from the inputs', function()
+    -- BLAS read the c it was writing: out = a gave garbage (beta = 0) without an error
+    for _, n in ipairs({3, 64}) do
+        local a, b = lunar.randn(n, n), lunar.randn(n, n)
+        local want = ref_gemm(a, b, false, false)
+        local a2 = a:clone()
+        lunar.ops.gemm(a2, b, {out = a2})
+        T.close(a2, want, F32)
+        local b2 = b:clone()
+        lunar.ops.gemm(a, b2, {out = b2})
+        T.close(b2, want, F32)
+        local c = a:clone()
+        lunar.ops.gemm(c, b, {out = c, alpha = 2, beta = 0.5})
+        T.close(c, ref_gemm(a, b, false, false, 2, 0.5, a), F32)
+        local at = a:clone()
+        lunar.ops.gemm(at:t(), b, {out = at, trans_a = false})
+        T.close(at, ref_gemm(a:t():contiguous(), b, false, false), F32)
+    end
+    local x, w = lunar.randn(2, 5, 5), lunar.randn(5, 5)
+    local want = ref_gemm(x, w, false, false)
+    lunar.ops.matmul(x, w, {out = x})
+    T.close(x, want, F32)
+end)
+
 T:test('batched: 3-D @ 3-D, shared 2-D operands, views, batch stride 0, batched out views', function()
     for _, s in ipairs({{1, 3, 17, 5}, {17, 3, 5, 2}, {3, 70, 70, 70}, {4, 1000, 3, 2}}) do
         local bsz, m, k, n = s[1], s[2], s[3], s[4]

@@ -31,6 +31,33 @@ T:test('views share storage and index 1-based', function()
     assert(t:unsqueeze(1):size(1) == 1 and t:unsqueeze(1):squeeze(1):dim() == 2)
 end)
 
+T:test('copies between overlapping views of one storage', function()
+    -- shifting a buffer in place (a rolling window); the kernel's memcpy and its parallel
+    -- blocks used to read elements another block had already overwritten
+    for _, n in ipairs({5, 100000}) do
+        local x = lunar.arange(n)
+        x:narrow(1, 1, n - 1):copy_(x:narrow(1, 2, n - 1))
+        local want = {}
+        for i = 1, n - 1 do want[i] = i end
+        want[n] = n - 1
+        T.equal(x, want, 'shift left ' .. n)
+        local y = lunar.arange(n)
+        y:narrow(1, 2, n - 1):copy_(y:narrow(1, 1, n - 1))
+        want = {0}
+        for i = 2, n do want[i] = i - 2 end
+        T.equal(y, want, 'shift right ' .. n)
+    end
+    local a = lunar.arange(9):view(3, 3)
+    a:copy_(a:t())
+    T.equal(a, {0, 3, 6, 1, 4, 7, 2, 5, 8}, 'a:copy_(a:t())')
+    local b = lunar.arange(4)
+    b:copy_(b)
+    T.equal(b, {0, 1, 2, 3}, 'copy onto itself')
+    local c = lunar.arange(6):view(2, 3)
+    c:copy_(c:select(1, 2))   -- broadcast row 2 over both rows, row 2 included
+    T.equal(c, {3, 4, 5, 3, 4, 5}, 'broadcast a row over its own tensor')
+end)
+
 T:test('casts and conversions', function()
     local x = lunar.tensor({1.5, -2.25, 3.0e38, 1e-3})
     local b = x:bf16()
@@ -47,6 +74,12 @@ T:test('printing', function()
     local s = tostring(lunar.tensor({{1, 2}, {3, 4}}))
     assert(s:find(' 1 2\n 3 4\n', 1, true), s)
     assert(s:find('[lunar.f32 tensor of size 2x2]', 1, true), s)
+    -- integer dtypes print every digit (they were switched to %.4e at 1e15; %d flipped 2^63's sign)
+    s = tostring(lunar.tensor({2 ^ 53, -3, 123456789012345678}, 'i64'))
+    assert(s:find(' 9007199254740992\n', 1, true) and s:find('               -3\n', 1, true), s)
+    assert(s:find('123456789012345680', 1, true), s)
+    s = tostring(lunar.tensor({2 ^ 63 - 1}, 'i64'))
+    assert(s:find('9223372036854775808', 1, true) and not s:find('-', 1, true), s)
     local big = tostring(lunar.zeros(100, 100))
     assert(big:find('...', 1, true) and #big < 2000, 'large tensors are summarised')
 end)
@@ -58,6 +91,18 @@ T:test('errors name shapes and point at the caller', function()
     T.raises(function() lunar.zeros(2, 2):size(3) end, 'dim 3 out of range')
 end)
 
+T:test('sizes past 64 bits and negative expands are errors, not tiny tensors', function()
+    -- 2^80 elements (or 2^64 bytes) used to wrap to a small allocation that :get could index past
+    T.raises(function() lunar.empty({2 ^ 40, 2 ^ 40}) end, 'too large')
+    T.raises(function() lunar.empty({2 ^ 62}) end, 'too large')
+    T.raises(function() lunar.empty({2 ^ 70}) end, 'not a valid size')
+    T.raises(function() lunar.zeros(3):expand(-1, 3) end, 'cannot be broadcast')
+    T.raises(function() lunar.zeros(1, 3):expand(2 ^ 40, 2 ^ 40, 3) end, 'cannot be broadcast')
+    T.raises(function() lunar.zeros(3):narrow(1, 2 ^ 62 + 1, 3 * 2 ^ 61) end, 'out of bounds')
+    local x = lunar.zeros(1, 3):expand(-1, 3)
+    assert(x:size(1) == 1 and x:size(2) == 3, '-1 keeps an existing size')
+end)
+
 T:test('free and use after free', function()
     local t = lunar.zeros(4)
     local v = t:narrow(1, 1, 2)
@@ -65,6 +110,15 @@ T:test('free and use after free', function()
     t:free()   -- idempotent
     local err = T.raises(function() v:fill_(1) end, 'used after free')
     assert(err:find('test_tensor.lua'), err)
+    -- the metatable is reachable, so __gc must check its argument (it used to release whatever
+    -- userdata it got as a tensor) and leave a collected tensor unusable, not dangling
+    local gc = getmetatable(lunar.zeros(1)).__gc
+    T.raises(function() gc(lunar.rng(1)) end, 'expected a tensor')
+    T.raises(function() gc({}) end, 'expected a tensor')
+    local w = lunar.zeros(2)
+    gc(w)
+    gc(w)
+    T.raises(function() w:fill_(1) end, 'no storage')
 end)
 
 T:test('scope frees what it does not return', function()
@@ -95,6 +149,13 @@ T:test('arena views go stale on reset', function()
     local err = T.raises(function() x:fill_(1) end, "arena 'step'")
     assert(err:find('acts.x', 1, true), err)
     T.raises(function() a:tensor({1048576}) end, 'is full')
+    -- an empty tensor of an empty arena is valid (its storage had a NULL pointer, which the
+    -- validity check took for a freed one)
+    local e = lunar.arena('empty', 0)
+    local z = e:tensor({0, 3})
+    assert(z:is_valid(), 'empty arena tensor is valid')
+    T.equal(lunar.ops.sum(z, 1), {0, 0, 0}, 'sum of an empty arena tensor')
+    T.raises(function() e:tensor({1}) end, 'is full')
 end)
 
 T:test('rng streams are reproducible and splittable', function()

@@ -106,6 +106,12 @@ void   *lunar_tensor_data(const lunar_tensor *t);
 void    lunar_shape_format(int ndim, const int64_t *shape, char *buf, size_t n);
 void    lunar_tensor_shape_str(const lunar_tensor *t, char *buf, size_t n);
 int     lunar_tensor_same_shape(const lunar_tensor *a, const lunar_tensor *b);
+/* 1 if a and b are views of one storage whose address ranges intersect (they may share
+ * elements): an op writing one while reading the other must go through a temporary. */
+int     lunar_tensor_overlaps(const lunar_tensor *a, const lunar_tensor *b);
+/* 1 if a and b address the same elements in the same order with the same dtype (strides of
+ * size-1 dims aside): one view, possibly through two tensor structs. */
+int     lunar_tensor_same_view(const lunar_tensor *a, const lunar_tensor *b);
 
 /* LUNAR_OK if t can be used: it has storage, was not freed, and its arena was not reset since.
  * The error names the tensor ("tensor 'w' is a view of arena 'step' generation 41 (now 42)"). */

@@ -11,6 +11,7 @@ local C = core.ops
 local M = {}
 
 function M.adamw_step(param, grad, m, v, opts)
+    tensor.check(param, 'param', 'adamw_step')
     if type(opts) ~= 'table' then tensor.fail('adamw_step: expected an options table {lr=, step=, ...}') end
     if type(opts.lr) ~= 'number' then tensor.fail('adamw_step: opts.lr (a number) is required') end
     if type(opts.step) ~= 'number' or opts.step < 1 or opts.step ~= math.floor(opts.step) then

@@ -96,9 +96,7 @@ end
 local unary_ops = {'neg', 'abs', 'exp', 'log', 'sqrt', 'rsqrt', 'reciprocal', 'square', 'tanh', 'sigmoid', 'silu',
                    'gelu', 'gelu_tanh', 'relu', 'sin', 'cos'}
 
-local function check_tensor(x, role, name)
-    if not is_tensor(x) then fail(('%s: %s must be a tensor, got a %s'):format(name, role, type(x))) end
-end
+local check_tensor = tensor.check
 
 for _, name in ipairs(unary_ops) do
     M[name] = function(x, opts)

@@ -21,9 +21,7 @@ end
 
 local function shape_str(t) return '(' .. table.concat(t:size(), ', ') .. ')' end
 
-local function check_tensor(x, role, op)
-    if not tensor.is_tensor(x) then tensor.fail(('%s: %s must be a tensor, got a %s'):format(op, role, type(x))) end
-end
+local check_tensor = tensor.check
 
 function M.gemm(a, b, opts)
     opts = opts or {}

@@ -23,7 +23,11 @@ local function cdim(dim, name)
     return dim > 0 and dim - 1 or dim
 end
 
+local check = tensor.check
+
 function M.embedding(ids, weight, opts)
+    check(ids, 'ids', 'embedding')
+    check(weight, 'weight', 'embedding')
     opts = opts or {}
     local shape = ids:size()
     shape[#shape + 1] = weight:dim() == 2 and weight:size(2) or 0
@@ -32,10 +36,13 @@ function M.embedding(ids, weight, opts)
 end
 
 function M.embedding_backward(dweight, dout, ids)
+    check(dweight, 'dweight', 'embedding_backward')
     return C.embedding_backward(dweight, dout, ids)
 end
 
 function M.index_select(src, dim, index, opts)
+    check(src, 'src', 'index_select')
+    check(index, 'index', 'index_select')
     opts = opts or {}
     local d = cdim(dim, 'index_select')
     local out = opts.out
@@ -49,21 +56,26 @@ function M.index_select(src, dim, index, opts)
 end
 
 function M.index_add_(dst, dim, index, src, opts)
+    check(dst, 'dst', 'index_add_')
     opts = opts or {}
     return C.index_add(dst, cdim(dim, 'index_add_'), index, src, opts.alpha or 1)
 end
 
 function M.gather(src, dim, index, opts)
+    check(src, 'src', 'gather')
+    check(index, 'index', 'gather')
     opts = opts or {}
     local out = opts.out or core.empty(index:size(), src:dtype(), src:device())
     return C.gather(out, src, cdim(dim, 'gather'), index)
 end
 
 function M.scatter_(dst, dim, index, src)
+    check(dst, 'dst', 'scatter_')
     return C.scatter(dst, cdim(dim, 'scatter_'), index, src)
 end
 
 function M.scatter_add_(dst, dim, index, src)
+    check(dst, 'dst', 'scatter_add_')
     return C.scatter_add(dst, cdim(dim, 'scatter_add_'), index, src)
 end
 

@@ -3,6 +3,7 @@
 --   block_mask(cu_seqlens, {causal=true, dtype='bool', out=})      -> (T, T) for packed documents
 -- bool masks are true where attention is allowed; float masks are 0 there and -inf elsewhere.
 local core = require 'lunar.core'
+local tensor = require 'lunar.tensor'
 local C = core.ops
 
 local M = {}
@@ -15,6 +16,7 @@ function M.causal_mask(tq, tk, opts)
 end
 
 function M.block_mask(cu_seqlens, opts)
+    tensor.check(cu_seqlens, 'cu_seqlens', 'block_mask')
     opts = opts or {}
     local cu = cu_seqlens:to('cpu'):tolist_flat()
     local t = cu[#cu]

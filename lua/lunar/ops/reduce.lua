@@ -56,8 +56,11 @@ local function reduced_shape(x, d, keepdim)
     return out
 end
 
+local check = tensor.check
+
 local function reduction(op)
     return function(x, dim, opts)
+        check(x, 'x', op)
         dim, opts = dim_opts(dim, opts)
         local d = dim ~= nil and cdim(op, x, dim) or nil
         local out = opts.out or core.empty(reduced_shape(x, d, opts.keepdim), x:dtype(), x:device())
@@ -72,6 +75,7 @@ M.norm = reduction('norm')
 local reduce_max, reduce_min = reduction('max'), reduction('min')
 
 function M.max(x, dim, opts)
+    check(x, 'x', 'max')
     dim, opts = dim_opts(dim, opts)
     if dim == nil then return reduce_max(x, opts) end
     local d = cdim('max', x, dim)
@@ -84,6 +88,14 @@ end
 -- the extreme over the 0-based dim d through top-1 along the last dim
 local function top1(op, x, d, keepdim, largest)
     local nd = x:dim()
+    if x:size(d + 1) == 0 then
+        local others = 1
+        for i = 1, nd do if i ~= d + 1 then others = others * x:size(i) end end
+        if others > 0 then
+            fail(('%s: cannot take the %s of an empty extent (x %shas 0 elements along dim %d)'):format(
+                op, op, label(x), d + 1))
+        end
+    end
     local xt = d == nd - 1 and x or x:transpose(d + 1, nd)
     local v, i = sort.topk(xt, 1, {largest = largest})
     if d ~= nd - 1 then v, i = v:transpose(d + 1, nd), i:transpose(d + 1, nd) end
@@ -92,6 +104,7 @@ local function top1(op, x, d, keepdim, largest)
 end
 
 function M.min(x, dim, opts)
+    check(x, 'x', 'min')
     dim, opts = dim_opts(dim, opts)
     if dim == nil then return reduce_min(x, opts) end
     local v, i = top1('min', x, cdim('min', x, dim), opts.keepdim, false)
@@ -101,6 +114,7 @@ function M.min(x, dim, opts)
 end
 
 function M.argmax(x, dim, opts)
+    check(x, 'x', 'argmax')
     dim, opts = dim_opts(dim, opts)
     local d = dim ~= nil and cdim('argmax', x, dim) or nil
     local indices = opts.out or core.empty(reduced_shape(x, d, opts.keepdim), 'i64', x:device())
@@ -109,6 +123,7 @@ function M.argmax(x, dim, opts)
 end
 
 function M.argmin(x, dim, opts)
+    check(x, 'x', 'argmin')
     dim, opts = dim_opts(dim, opts)
     local _, i
     if dim == nil then
@@ -127,7 +142,8 @@ local function backward(op)
     return function(dy, x, y, dim, opts)
         if type(dim) == 'table' then dim, opts = nil, dim end
         opts = opts or {}
-        if not tensor.is_tensor(x) then fail(name .. ': x (the forward input) must be a tensor') end
+        check(dy, 'dy', name)
+        check(x, 'x (the forward input)', name)
         local d = dim ~= nil and cdim(name, x, dim) or nil
         local dx = opts.out or core.empty(x:size(), x:dtype(), x:device())
         local needs_x = op ~= 'sum' and op ~= 'mean'
@@ -151,6 +167,7 @@ local function scan_dim(op, x, dim)
 end
 
 function M.cumsum(x, dim, opts)
+    check(x, 'x', 'cumsum')
     dim, opts = dim_opts(dim, opts)
     local d = scan_dim('cumsum', x, dim)
     local out = opts.out or core.empty(x:size(), x:dtype(), x:device())
@@ -158,6 +175,7 @@ function M.cumsum(x, dim, opts)
 end
 
 function M.cumsum_backward(dy, dim, opts)
+    check(dy, 'dy', 'cumsum_backward')
     dim, opts = dim_opts(dim, opts)
     local d = scan_dim('cumsum_backward', dy, dim)
     local dx = opts.out or core.empty(dy:size(), dy:dtype(), dy:device())

@@ -16,6 +16,8 @@ local C = core.ops
 local M = {}
 
 local function apply(cfn, name, x, positions, inv_freq, opts)
+    tensor.check(x, name == 'rope' and 'x' or 'dout', name)
+    tensor.check(positions, 'positions', name)
     opts = opts or {}
     local shape = x:size()
     local layout, scale = opts.layout or 'half', opts.scale or 1

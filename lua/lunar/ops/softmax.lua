@@ -19,6 +19,7 @@ local M = {}
 
 -- (dim, opts) | (opts) | (): the 1-based dim (default last), moved to the end by a transpose
 local function last_dim_views(op, x, dim, opts)
+    tensor.check(x, op:find('_backward', 1, true) and 'y' or 'x', op)
     if type(dim) == 'table' then dim, opts = nil, dim end
     opts = opts or {}
     local nd = x:dim()
@@ -45,6 +46,7 @@ end
 local function backward(op, log)
     return function(dy, y, dim, opts)
         local move
+        tensor.check(dy, 'dy', op)
         move, opts = last_dim_views(op, y, dim, opts)
         local dx = opts.out or core.empty(y:size(), y:dtype(), y:device())
         C.softmax_backward(move(dx), move(dy), move(y), log)
@@ -59,9 +61,8 @@ M.log_softmax_backward = backward('log_softmax_backward', true)
 
 -- logits (..., V) -> (N, V) and targets (...) -> (N) views (copies when the strides do not allow)
 local function flat_rows(op, logits, targets)
-    if not tensor.is_tensor(logits) or not tensor.is_tensor(targets) then
-        fail(op .. ': logits and targets must be tensors')
-    end
+    tensor.check(logits, 'logits', op)
+    tensor.check(targets, 'targets', op)
     local nd = logits:dim()
     if nd < 1 then fail(op .. ': logits is 0-dim; expected (..., V)') end
     local v = logits:size(nd)
