@@ -120,14 +120,9 @@ static int l_tensor(lua_State *L) {
     lunar_checkpoint *c = check_ckpt(L, 1);
     const char *name = luaL_checkstring(L, 2);
     lunar_ctx *ctx = lunar_lua_ctx(L);
-    lunar_tensor t = {0};
-    lunar_lua_check_status(L, lunar_checkpoint_tensor(ctx, &t, c, name));
-    lunar_status st = lunar_scope_track(ctx, t.storage);   /* only copies (OWNED) are tracked */
-    if (st != LUNAR_OK) {
-        lunar_tensor_release(ctx, &t);
-        lunar_lua_check_status(L, st);
-    }
-    lunar_lua_push_tensor(L, &t);
+    lunar_tensor *t = lunar_lua_push_empty_tensor(L);   /* owns the view from here on */
+    lunar_lua_check_status(L, lunar_checkpoint_tensor(ctx, t, c, name));
+    lunar_lua_check_status(L, lunar_scope_track(ctx, t->storage));   /* only copies (OWNED) are tracked */
     return 1;
 }
 

@@ -3,11 +3,14 @@
 -- out[i][j] = f32(q[i][j]) * scale_inv[ceil-div block of (i, j)], computed in f32 and rounded
 -- once to dtype. q (M, N) f8e4m3/f8e5m2, scale_inv (ceil(M/128), ceil(N/128)).
 local core = require 'lunar.core'
+local tensor = require 'lunar.tensor'
 local C = core.ops
 
 local M = {}
 
 function M.fp8_block_dequant(q, scale_inv, opts)
+    tensor.check(q, 'q', 'fp8_block_dequant')
+    tensor.check(scale_inv, 'scale_inv', 'fp8_block_dequant')
     opts = opts or {}
     local block = opts.block or {128, 128}
     local out = opts.out
