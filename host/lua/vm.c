@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include <lauxlib.h>
 #include <lualib.h>
@@ -74,6 +75,14 @@ static int l_overrides(lua_State *L) {
     return 1;
 }
 
+/* core.clock() -> seconds from a monotonic clock (for timing; os.clock is CPU time) */
+static int l_clock(lua_State *L) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    lua_pushnumber(L, (lua_Number)ts.tv_sec + (lua_Number)ts.tv_nsec * 1e-9);
+    return 1;
+}
+
 static int l_repl(lua_State *L) {
     int env = lua_istable(L, 1) ? 1 : 0;
     lunar_repl_run(L, env);
@@ -94,6 +103,8 @@ static int open_core(lua_State *L) {
     lua_setfield(L, -2, "overrides");
     lua_pushcfunction(L, l_repl);
     lua_setfield(L, -2, "repl");
+    lua_pushcfunction(L, l_clock);
+    lua_setfield(L, -2, "clock");
     return 1;
 }
 

@@ -61,6 +61,9 @@ local default_rng = core.rng_new(0)
 function lunar.manual_seed(seed) default_rng = core.rng_new(seed) return default_rng end
 function lunar.default_rng() return default_rng end
 
+-- seconds from a monotonic clock (os.clock() is CPU time, summed over threads)
+function lunar.clock() return core.clock() end
+
 function lunar.threads(n) return core.threads(n) end
 function lunar.device_count(kind) return core.device_count(kind or 'cuda') end
 function lunar.cuda_built() return core.cuda_built() end

@@ -7,12 +7,7 @@ local dir = arg[1]
 local o = lunar.config.overrides()
 local seq, batch, steps, warmup = o.seq or 1024, o.batch or 1, o.steps or 3, o.warmup or 1
 
-local function now()
-    local f = io.popen('date +%s.%N')
-    local t = tonumber(f:read('*l'))
-    f:close()
-    return t
-end
+local now = lunar.clock
 
 local function peak_rss_mib()
     local f = io.open('/proc/self/status')
