@@ -403,22 +403,24 @@ static lunar_status mpi_bcast_bytes(lunar_ctx *ctx, lunar_comm *c, const char *o
 }
 #endif
 
-/* send nsend elements to dst and/or receive nrecv from src (either buffer may be NULL) */
+/* send nsend elements of send_size bytes to dst and/or receive nrecv elements of recv_size bytes
+ * from src (either buffer may be NULL) */
 static lunar_status mpi_exchange(lunar_ctx *ctx, lunar_comm *c, const char *op, int tag, void *recv, int64_t nrecv,
-                                 int src, const void *send, int64_t nsend, int dst, size_t elem_size) {
+                                 size_t recv_size, int src, const void *send, int64_t nsend, size_t send_size,
+                                 int dst) {
     LUNAR_TRY(check_count(ctx, c, op, nsend > nrecv ? nsend : nrecv));
-    MPI_Datatype u = mpi_unit(elem_size);
+    MPI_Datatype ru = mpi_unit(recv_size), su = mpi_unit(send_size);
     int rc;
     const char *call;
     if (send && recv) {
         call = "MPI_Sendrecv";
-        rc = MPI_Sendrecv(send, (int)nsend, u, dst, tag, recv, (int)nrecv, u, src, tag, c->mpi, MPI_STATUS_IGNORE);
+        rc = MPI_Sendrecv(send, (int)nsend, su, dst, tag, recv, (int)nrecv, ru, src, tag, c->mpi, MPI_STATUS_IGNORE);
     } else if (send) {
         call = "MPI_Send";
-        rc = MPI_Send(send, (int)nsend, u, dst, tag, c->mpi);
+        rc = MPI_Send(send, (int)nsend, su, dst, tag, c->mpi);
     } else {
         call = "MPI_Recv";
-        rc = MPI_Recv(recv, (int)nrecv, u, src, tag, c->mpi, MPI_STATUS_IGNORE);
+        rc = MPI_Recv(recv, (int)nrecv, ru, src, tag, c->mpi, MPI_STATUS_IGNORE);
     }
     return mpi_status(ctx, rc, c, op, tag == TAG_HEADER ? "header exchange" : call);
 }
@@ -995,8 +997,8 @@ static lunar_status p2p(lunar_ctx *ctx, lunar_comm *c, const char *name, lunar_t
     if (c->checks) {
         int64_t hs[SIG_N], hr[SIG_N];
         if (send) sig_make(hs, K_SEND, send, 0, -1);
-        LUNAR_TRY(mpi_exchange(ctx, c, name, TAG_HEADER, recv ? hr : NULL, SIG_N, src, send ? hs : NULL, SIG_N, dst,
-                               sizeof hs[0]));
+        LUNAR_TRY(mpi_exchange(ctx, c, name, TAG_HEADER, recv ? hr : NULL, SIG_N, sizeof hr[0], src,
+                               send ? hs : NULL, SIG_N, sizeof hs[0], dst));
         if (recv) LUNAR_TRY(header_match(ctx, c, name, recv, src, hr));
     }
 
@@ -1013,8 +1015,9 @@ static lunar_status p2p(lunar_ctx *ctx, lunar_comm *c, const char *name, lunar_t
         if (st == LUNAR_OK) st = lunar_nccl_send_recv(ctx, n, recv ? &sr.t : NULL, src, send ? &ss.t : NULL, dst);
     } else if (st == LUNAR_OK) {
         st = mpi_exchange(ctx, c, name, TAG_DATA, recv ? lunar_tensor_data(&sr.t) : NULL,
-                          recv ? lunar_tensor_numel(recv) : 0, src, send ? lunar_tensor_data(&ss.t) : NULL,
-                          send ? lunar_tensor_numel(send) : 0, dst, lunar_dtype_size(any->dtype));
+                          recv ? lunar_tensor_numel(recv) : 0, recv ? lunar_dtype_size(recv->dtype) : 1, src,
+                          send ? lunar_tensor_data(&ss.t) : NULL, send ? lunar_tensor_numel(send) : 0,
+                          send ? lunar_dtype_size(send->dtype) : 1, dst);
     }
     if (st == LUNAR_OK && recv) st = stage_back(ctx, recv, &sr);
     stage_release(ctx, &ss);

@@ -125,12 +125,13 @@ extern "C" lunar_status lunar_cuda_copy(lunar_ctx *ctx, lunar_tensor *dst, const
     return LUNAR_OK;
 }
 
+// fill and arange store the f64 value directly (lunar_dtype_store on the CPU), never through f32
 __global__ void fill_kernel(char *p, int dt, int64_t n, double v) {
-    LUNAR_GRID_STRIDE(i, n) store_from_f64(dt, p, i, v, 0, dt != LUNAR_DTYPE_I32 && dt != LUNAR_DTYPE_I64);
+    LUNAR_GRID_STRIDE(i, n) store_from_f64(dt, p, i, v, 0, 0);
 }
 
 __global__ void arange_kernel(char *p, int dt, int64_t n, double start, double step) {
-    LUNAR_GRID_STRIDE(i, n) store_from_f64(dt, p, i, start + (double)i * step, 0, 0);
+    LUNAR_GRID_STRIDE(i, n) store_from_f64(dt, p, i, lunar_hd_mul_add((double)i, step, start), 0, 0);
 }
 
 extern "C" lunar_status lunar_cuda_fill(lunar_ctx *ctx, lunar_tensor *t, double value) {
