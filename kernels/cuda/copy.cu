@@ -3,6 +3,8 @@
 // Conversions use the same inline functions as the CPU (lunar/dtype.h), so casts give the same
 // bits on both backends. Each thread handles one destination element and unravels its index
 // over the (at most 8) dims; strides may be 0 on the source (broadcast).
+#include <cmath>
+
 #include "common.cuh"
 
 struct copy_layout {
@@ -140,7 +142,7 @@ extern "C" lunar_status lunar_cuda_fill(lunar_ctx *ctx, lunar_tensor *t, double 
     cudaStream_t stream;
     lunar_status st = lunar_cuda_stream_for(ctx, t, &stream);
     if (st != LUNAR_OK) return st;
-    if (value == 0.0) {
+    if (value == 0.0 && !std::signbit(value)) {   // all-zero bytes in every dtype (-0.0 is not)
         LUNAR_CUDA_CHECK(ctx, cudaMemsetAsync(lunar_tensor_data(t), 0, lunar_tensor_nbytes(t), stream));
         return LUNAR_OK;
     }

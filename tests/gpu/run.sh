@@ -1,24 +1,31 @@
 #!/bin/bash
 # tests/gpu/run.sh: build lunar with CUDA on a GPU machine and run everything that needs the GPU:
 # the CUDA-vs-CPU tests (tests/gpu/test_*.lua), the dtype fixture test (its copies also run on
-# cuda:0 when a device is present), the CPU suites of ctest with that build, the GPU benchmark
-# (tests/bench/bench_gpu.lua) and, when python3 has torch with CUDA, a torch reference benchmark
-# at the same sizes. Every step runs even when an earlier one failed (except after a failed
-# build); a summary ends the log; the exit status is 1 when any step failed, else 0.
+# cuda:0 when a device is present), the GPU benchmark (tests/bench/bench_gpu.lua), a torch
+# reference benchmark at the same sizes when python3 has torch with CUDA, and last the CPU suites
+# of ctest with that build. Every step runs even when an earlier one failed (except after a
+# failed build); a summary ends the log. Exit status: 1 when any step failed, 2 when steps were
+# left out because the time budget ran out (nothing failed), else 0.
 #
 # ---- what a session with a GPU does --------------------------------------------------------
-#   1. here, in the checkout the session was started in (the device tool sends that one, not a
-#      helper's worktree), once:   sh tests/gpu/fetch_deps.sh
-#      (downloads LuaJIT, cJSON, OpenBLAS and GCC runtime .debs into .gpudeps/, ~13 MiB)
-#   2. the device tool's run call:
-#        command:   bash tests/gpu/run.sh
-#        carry:     [".gpudeps"]
-#        timeout_s: 540
-#      The script keeps itself within LUNAR_GPU_BUDGET_S (default 420 s: steps that would not
-#      fit are reported as skipped), so the timeout is a backstop; a typical run takes 3-5 min.
-#   3. the log comes back in the reply's files (under files_at): run.log (everything),
-#      summary.txt, bench_gpu.txt and bench_torch.txt. Without $OUT (outside the device tool)
-#      they are written to build-gpu/out/.
+#   1. here, in the checkout the session was started in (the device tool sends that checkout,
+#      not a helper's worktree), once:    sh tests/gpu/fetch_deps.sh
+#      (apt-get download of LuaJIT, cJSON, OpenBLAS and GCC runtime .debs into .gpudeps/,
+#      about 13 MiB; it is in .gitignore, so it travels only when carried)
+#   2. one call of the device tool:
+#        run(command="bash tests/gpu/run.sh", carry=[".gpudeps"], timeout_s=540)
+#      The script keeps itself within LUNAR_GPU_BUDGET_S (default 420 s; steps that would not
+#      fit are reported as skipped), so timeout_s is a backstop. Expect 3-5 minutes plus the
+#      machine's start; that leaves room in the 15 device minutes for one short follow-up call
+#      on the warm machine (the build dir stays there, so a rerun only rebuilds what changed).
+#      Call give_back afterwards unless rerunning at once.
+#   3. the results come back as files (under the reply's files_at): run.log (everything: the
+#      machine, configure, build, every test's output), summary.txt (one line per step),
+#      bench_gpu.txt and bench_torch.txt. The reply's output_tail ends with the summary.
+#      Without $OUT (outside the device tool) the files go to build-gpu/out/.
+# To check the flow without a GPU: LUNAR_FORCE_DEPS_PREFIX=1 JOBS=2 bash tests/gpu/run.sh (the
+# GPU steps skip); with LUNAR_GPU_DRY_RUN=1 as well, the new GPU tests and the benchmark run
+# with the CPU standing in for the GPU.
 #
 # ---- how it finds what it needs --------------------------------------------------------------
 # The GPU machine's image has nvcc, CMake, ninja and python3 with torch, but may lack LuaJIT,
@@ -49,11 +56,13 @@ mkdir -p "$OUTDIR" "$BUILD"
 LOG=$OUTDIR/run.log
 : > "$LOG"
 exec > >(tee -a "$LOG") 2>&1
+TEE_PID=$!
 SECONDS=0
 
 # ---- steps and the summary ---------------------------------------------------------------------
 SUMMARY=()
 FAILED=0
+INCOMPLETE=0
 note() { SUMMARY+=("$(printf '%-8s %-40s %5ss  %s' "$1" "$2" "$3" "${4:-}")"); }
 section() { printf '\n==== %s (at %ss) ====\n' "$1" "$SECONDS"; }
 
@@ -73,6 +82,7 @@ run_step() {
     if [ "$t" -lt 20 ]; then
         echo "not run: the time budget (${BUDGET}s) is spent"
         note SKIP "$name" 0 "time budget spent"
+        INCOMPLETE=1
         return 0
     fi
     local t0=$SECONDS rc
@@ -96,9 +106,15 @@ finish() {
         echo "commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$ROOT" diff --quiet 2>/dev/null || echo ' (with local changes)')"
         echo "device: ${GPU_NAME:-none}"
         for s in "${SUMMARY[@]}"; do echo "$s"; done
-        [ "$FAILED" = 0 ] && echo "RESULT: all steps passed or were skipped" || echo "RESULT: FAILED"
+        if [ "$FAILED" != 0 ]; then echo "RESULT: FAILED"
+        elif [ "$INCOMPLETE" != 0 ]; then echo "RESULT: INCOMPLETE (the time budget ran out; nothing failed)"
+        else echo "RESULT: all steps passed or were skipped"; fi
     } | tee "$OUTDIR/summary.txt"
-    exit "$FAILED"
+    exec >&- 2>&-   # let tee write the last lines of run.log before the script ends
+    wait "$TEE_PID" 2>/dev/null
+    [ "$FAILED" != 0 ] && exit 1
+    [ "$INCOMPLETE" != 0 ] && exit 2
+    exit 0
 }
 
 # ---- the machine -----------------------------------------------------------------------------
@@ -115,6 +131,7 @@ echo "ninja:   $(ninja --version 2>/dev/null || echo missing)"
 echo "python3: $(python3 --version 2>/dev/null || echo missing)"
 echo "commit:  $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 echo "budget:  ${BUDGET}s, jobs ${JOBS}, archs ${ARCHS}, build dir ${BUILD}, log ${LOG}"
+nvidia-smi 2>/dev/null | head -20
 
 # ---- dependencies ----------------------------------------------------------------------------
 section "dependencies"
@@ -205,6 +222,7 @@ if [ "${LUNAR_FORCE_DEPS_PREFIX:-0}" = 1 ] || ! system_has_deps; then
     note PASS "dependencies (private prefix $DEPS)" "$SECONDS"
 else
     echo "LuaJIT, cJSON and OpenBLAS found on the system"
+    CMAKE_DEPS+=("-DLUNAR_DEPS_PREFIX=")   # clears a prefix cached by an earlier configure
     note PASS "dependencies (system)" "$SECONDS"
 fi
 
@@ -253,7 +271,8 @@ timeout -k 10 "$(allowance 300)" cmake --build "$BUILD" -j"$JOBS" 2>&1 | tee "$B
 rc=$?
 warnings=$(grep -c -i 'warning' "$BUILD/build.log")
 if [ $rc -ne 0 ]; then
-    note FAIL "build" "$((SECONDS - t0))" "exit $rc, $warnings warning lines"
+    [ $rc = 124 ] && note TIMEOUT "build" "$((SECONDS - t0))" "the time budget ran out" ||
+        note FAIL "build" "$((SECONDS - t0))" "exit $rc, $warnings warning lines"
     FAILED=1
     finish
 fi
@@ -265,6 +284,11 @@ ldd "$LUNAR" | grep -E 'luajit|cjson|openblas|gomp|gfortran|nccl|cublas|cudart|n
 
 # ---- tests -----------------------------------------------------------------------------------
 export LUNAR_THREADS=$JOBS OMP_NUM_THREADS=$JOBS NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+# NCCL's bootstrap needs a socket interface: on a machine with only the loopback, name it
+if [ -z "${NCCL_SOCKET_IFNAME:-}" ] && [ "$(ls /sys/class/net 2>/dev/null | grep -v -x lo | wc -l)" = 0 ]; then
+    export NCCL_SOCKET_IFNAME=lo
+    echo "only the loopback interface: NCCL_SOCKET_IFNAME=lo"
+fi
 # with a GPU on the machine lunar must see it (else every GPU test below would only skip)
 run_step "lunar sees the device" 30 env GPU_SEEN="${GPU_NAME:+1}" "$LUNAR" -e '
 local lunar = require "lunar"
@@ -290,9 +314,6 @@ fixture_check() {
 export -f fixture_check
 run_step "test_dtype_fixtures (cpu and cuda:0)" 120 bash -c fixture_check
 
-run_step "ctest: the CPU suites with this build" 180 ctest --test-dir "$BUILD" -j"$JOBS" --output-on-failure \
-    -E '^(gpu_|c_test_dtype_fixtures$)'
-
 # ---- benchmarks ------------------------------------------------------------------------------
 bench() {
     set -o pipefail
@@ -311,5 +332,9 @@ if [ "${LUNAR_GPU_TORCH_REF:-1}" = 1 ] && python3 -c 'import torch, sys; sys.exi
 else
     note SKIP "bench_gpu_torch (reference)" 0 "no torch with CUDA (or LUNAR_GPU_TORCH_REF=0)"
 fi
+
+# last, as CI runs them too: the CPU suites with this build (no MPI, no readline, CUDA on)
+run_step "ctest: the CPU suites with this build" 180 ctest --test-dir "$BUILD" -j"$JOBS" --output-on-failure \
+    -E '^(gpu_|c_test_dtype_fixtures$)'
 
 finish

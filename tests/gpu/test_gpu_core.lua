@@ -140,7 +140,7 @@ T:test('strided and broadcast sources and destinations on either side', function
 end)
 
 T:test('fill and arange on every dtype, contiguous and strided', function()
-    local FILLS = {0, 1, -2.5, 300.75, 255.99999999, 16777217.5, 1e-50, -1e10, 1e300, -inf, nan}
+    local FILLS = {0, negzero, 1, -2.5, 300.75, 255.99999999, 16777217.5, 1e-50, -1e10, 1e300, -inf, nan}
     for _, dt in ipairs(DTYPES) do
         for _, v in ipairs(FILLS) do
             local what = ('fill_(%.17g) on %s'):format(v, dt)
