@@ -30,7 +30,7 @@
 # ---- how it finds what it needs --------------------------------------------------------------
 # The GPU machine's image has nvcc, CMake, ninja and python3 with torch, but may lack LuaJIT,
 # cJSON and OpenBLAS: when their headers are missing (or LUNAR_FORCE_DEPS_PREFIX=1), every .deb
-# in .gpudeps/ is unpacked with `dpkg -x` (or python3, if dpkg is missing) into a private prefix
+# in .gpudeps/ is unpacked with `dpkg-deb -x` (or python3 without dpkg) into a private prefix
 # (LUNAR_DEPS_DIR, default /tmp/lunar-deps; GCC runtime packages only when the machine lacks the
 # library), the build gets -DLUNAR_DEPS_PREFIX=<prefix> and LD_LIBRARY_PATH gets its lib dirs.
 # NCCL comes from the CUDA toolkit or the system, else from python's nvidia-nccl package. The
@@ -98,12 +98,19 @@ run_step() {
     return $rc
 }
 
+# the commit and whether the tree differs from it (the device's copy has no .git: "unknown")
+commit_desc() {
+    local c
+    c=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null) || { echo "unknown (no git metadata here)"; return; }
+    git -C "$ROOT" diff --quiet HEAD 2>/dev/null && echo "$c" || echo "$c with local changes"
+}
+
 finish() {
     section "summary"
     local s
     {
         echo "lunar GPU run $(date -u '+%Y-%m-%d %H:%M:%S UTC'), ${SECONDS}s of a ${BUDGET}s budget"
-        echo "commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$ROOT" diff --quiet 2>/dev/null || echo ' (with local changes)')"
+        echo "commit: $(commit_desc)"
         echo "device: ${GPU_NAME:-none}"
         for s in "${SUMMARY[@]}"; do echo "$s"; done
         if [ "$FAILED" != 0 ]; then echo "RESULT: FAILED"
@@ -129,7 +136,7 @@ echo "cc:      $(cc --version 2>/dev/null | head -1 || echo missing)"
 echo "cmake:   $(cmake --version 2>/dev/null | head -1 || echo missing)"
 echo "ninja:   $(ninja --version 2>/dev/null || echo missing)"
 echo "python3: $(python3 --version 2>/dev/null || echo missing)"
-echo "commit:  $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+echo "commit:  $(commit_desc)"
 echo "budget:  ${BUDGET}s, jobs ${JOBS}, archs ${ARCHS}, build dir ${BUILD}, log ${LOG}"
 nvidia-smi 2>/dev/null | head -20
 
