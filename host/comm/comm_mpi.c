@@ -6,10 +6,15 @@
  *   1. local checks (validity, devices, dtypes, shapes against each other, counts), naming the
  *      op, the group and the tensors;
  *   2. the signature check across the group (see sig_check), so every member fails together;
- *   3. a group of one member is done locally (a copy at most), without MPI or NCCL;
+ *   3. a group of one member is done locally (a copy at most), without MPI or NCCL, unless the
+ *      tensor is on CUDA and the group's NCCL communicator was made explicitly (nccl_init);
  *   4. contiguous staging tensors (the tensor itself when it already is one), f32 for CPU
  *      reductions of bf16/f16/f8;
  *   5. the MPI or NCCL call, then the copy back into the caller's tensor.
+ *
+ * Builds without MPI (LUNAR_WITH_MPI undefined) have only the single-rank world and its splits,
+ * all made without MPI: CPU collectives are copies there and the MPI transport below is never
+ * reached (its names then expand to an error).
  */
 #include <limits.h>
 #include <stdarg.h>
@@ -17,7 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef LUNAR_WITH_MPI
 #include <mpi.h>
+#endif
 
 #include "comm_nccl.h"
 #include "lunar/comm.h"
@@ -26,11 +33,13 @@
 struct lunar_comm {
     char        name[LUNAR_COMM_NAME_MAX];
     int         rank, size, local_rank;
-    int         use_mpi;        /* 0: the single-rank world of a process started without a launcher */
+    int         use_mpi;        /* 0: a single-rank group made without MPI */
+#ifdef LUNAR_WITH_MPI
     MPI_Comm    mpi;            /* MPI_COMM_NULL when !use_mpi */
+#endif
     int         checks;
     int        *world_ranks;    /* size entries */
-    lunar_nccl *nccl;           /* CUDA builds: made on the first CUDA collective */
+    lunar_nccl *nccl;           /* CUDA builds: made on the first CUDA collective, or by nccl_init */
 };
 
 /* tags of point-to-point messages: the signature goes ahead of the data */
@@ -88,6 +97,7 @@ int lunar_comm_env_local_rank(void) {
     return v ? atoi(v) : -1;
 }
 
+#ifdef LUNAR_WITH_MPI
 int lunar_comm_mpi_active(void) {
     int init = 0, fin = 0;
     MPI_Initialized(&init);
@@ -102,6 +112,11 @@ void lunar_comm_finalize(void) {
 void lunar_comm_abort(int code) {
     if (lunar_comm_mpi_active()) MPI_Abort(MPI_COMM_WORLD, code);
 }
+#else
+int lunar_comm_mpi_active(void) { return 0; }
+void lunar_comm_finalize(void) {}
+void lunar_comm_abort(int code) { (void)code; }
+#endif
 
 /* ---- errors ---------------------------------------------------------------------------------- */
 
@@ -119,15 +134,6 @@ static lunar_status failc(lunar_ctx *ctx, lunar_status st, int line, const lunar
                       c->size == 1 ? "" : "s", msg);
 }
 #define FAILC(ctx, st, c, op, ...) failc((ctx), (st), __LINE__, (c), (op), __VA_ARGS__)
-
-static lunar_status mpi_status(lunar_ctx *ctx, int rc, const lunar_comm *c, const char *op, const char *call) {
-    if (rc == MPI_SUCCESS) return LUNAR_OK;
-    char msg[MPI_MAX_ERROR_STRING];
-    int len = 0;
-    msg[0] = 0;
-    MPI_Error_string(rc, msg, &len);
-    return FAILC(ctx, LUNAR_ERR_COMM, c, op, "%s failed: %s", call, msg);
-}
 
 /* "f32 (4, 8) on cpu" */
 static void describe(const lunar_tensor *t, char *buf, size_t n) {
@@ -207,54 +213,6 @@ static lunar_dtype reduce_dtype(const lunar_tensor *t) {
     }
 }
 
-static MPI_Datatype mpi_reduce_type(lunar_dtype dt) {
-    switch (dt) {
-    case LUNAR_DTYPE_F32: return MPI_FLOAT;
-    case LUNAR_DTYPE_F64: return MPI_DOUBLE;
-    case LUNAR_DTYPE_I8: return MPI_INT8_T;
-    case LUNAR_DTYPE_I32: return MPI_INT32_T;
-    case LUNAR_DTYPE_I64: return MPI_INT64_T;
-    default: return MPI_UINT8_T;   /* u8, bool */
-    }
-}
-
-static MPI_Op mpi_op(lunar_comm_op op) {
-    switch (op) {
-    case LUNAR_COMM_MAX: return MPI_MAX;
-    case LUNAR_COMM_MIN: return MPI_MIN;
-    default: return MPI_SUM;   /* sum, avg (divided afterwards) */
-    }
-}
-
-/* An unsigned integer type of the element size, for moves (counts stay in elements). */
-static MPI_Datatype mpi_unit(lunar_dtype dt) {
-    switch (lunar_dtype_size(dt)) {
-    case 2: return MPI_UINT16_T;
-    case 4: return MPI_UINT32_T;
-    case 8: return MPI_UINT64_T;
-    default: return MPI_UINT8_T;
-    }
-}
-
-/* t /= n for a contiguous f32 or f64 CPU tensor (avg after an MPI sum) */
-static void divide(lunar_tensor *t, int n) {
-    int64_t count = lunar_tensor_numel(t);
-    if (t->dtype == LUNAR_DTYPE_F64) {
-        double *p = lunar_tensor_data(t);
-        for (int64_t i = 0; i < count; i++) p[i] /= (double)n;
-    } else {
-        float *p = lunar_tensor_data(t);
-        for (int64_t i = 0; i < count; i++) p[i] /= (float)n;
-    }
-}
-
-static lunar_status check_count(lunar_ctx *ctx, const lunar_comm *c, const char *op, int64_t n) {
-    if (n > INT_MAX)
-        return FAILC(ctx, LUNAR_ERR_UNSUPPORTED, c, op, "%lld elements exceed MPI's int count; split the tensor",
-                     (long long)n);
-    return LUNAR_OK;
-}
-
 /* ---- staging --------------------------------------------------------------------------------- */
 
 /* A contiguous tensor of dtype dt for t: t itself when it already is one (and force is 0), else
@@ -329,51 +287,18 @@ static void sig_format(const int64_t *s, int with_kind, char *buf, size_t n) {
     if (len < (int)n && kind == K_BROADCAST) snprintf(buf + len, n - (size_t)len, ", root %lld", (long long)s[SIG_EXTRA]);
 }
 
-static int checked(const lunar_comm *c) { return c->checks && c->use_mpi && c->size > 1; }
-
-/* Compares this member's signature with every other member's (max of s and of -s in one
- * all-reduce). The result is the same everywhere, so on a mismatch all members gather the
- * signatures and fail with the same message. */
-static lunar_status sig_check(lunar_ctx *ctx, lunar_comm *c, const char *op, const int64_t *mine) {
-    if (!checked(c)) return LUNAR_OK;
-    int64_t buf[2 * SIG_N];
-    for (int i = 0; i < SIG_N; i++) {
-        buf[i] = mine[i];
-        buf[SIG_N + i] = -mine[i];
-    }
-    LUNAR_TRY(mpi_status(ctx, MPI_Allreduce(MPI_IN_PLACE, buf, 2 * SIG_N, MPI_INT64_T, MPI_MAX, c->mpi), c, op,
-                         "signature check (MPI_Allreduce)"));
-    int same = 1;
-    for (int i = 0; i < SIG_N; i++) same &= buf[i] == -buf[SIG_N + i];
-    if (same) return LUNAR_OK;
-
-    int64_t *all = malloc((size_t)c->size * SIG_N * sizeof *all);
-    if (!all) return FAILC(ctx, LUNAR_ERR_OOM, c, op, "out of host memory for the signature check");
-    lunar_status st = mpi_status(ctx, MPI_Allgather(mine, SIG_N, MPI_INT64_T, all, SIG_N, MPI_INT64_T, c->mpi), c, op,
-                                 "signature check (MPI_Allgather)");
-    if (st == LUNAR_OK) {
-        int bad = -1;
-        for (int r = 0; r < c->size && bad < 0; r++)
-            if (all[r * SIG_N + SIG_BAD_PEER] >= 0) bad = r;
-        if (bad >= 0) {
-            const int64_t *s = all + bad * SIG_N;
-            st = FAILC(ctx, LUNAR_ERR_SHAPE, c, op, "rank %d expects %lld rows from rank %lld, which sends %lld", bad,
-                       (long long)s[SIG_BAD_WANT], (long long)s[SIG_BAD_PEER], (long long)s[SIG_BAD_GOT]);
-        } else {
-            int r = 1;
-            while (r < c->size && memcmp(all, all + r * SIG_N, SIG_N * sizeof *all) == 0) r++;
-            if (r == c->size) r = 1;   /* cannot happen: the all-reduce saw a difference */
-            char a[320], b[320];
-            sig_format(all, 1, a, sizeof a);
-            sig_format(all + r * SIG_N, 1, b, sizeof b);
-            st = FAILC(ctx, LUNAR_ERR_SHAPE, c, op, "members disagree: rank 0 calls %s, rank %d calls %s", a, r, b);
-        }
-    }
-    free(all);
-    return st;
+/* 1 for a group made through MPI. Always 0 in builds without MPI, so the compiler drops the
+ * paths that need MPI there. */
+static int via_mpi(const lunar_comm *c) {
+#ifdef LUNAR_WITH_MPI
+    return c->use_mpi;
+#else
+    (void)c;
+    return 0;
+#endif
 }
 
-/* ---- groups ---------------------------------------------------------------------------------- */
+static int checked(const lunar_comm *c) { return c->checks && via_mpi(c) && c->size > 1; }
 
 static lunar_comm *comm_alloc(int size, const char *name) {
     lunar_comm *c = calloc(1, sizeof *c);
@@ -384,22 +309,201 @@ static lunar_comm *comm_alloc(int size, const char *name) {
         return NULL;
     }
     snprintf(c->name, sizeof c->name, "%s", name && *name ? name : "group");
-    c->mpi = MPI_COMM_NULL;
     c->checks = 1;
     c->size = size;
     c->local_rank = -1;
     return c;
 }
 
-lunar_status lunar_comm_init_world(lunar_ctx *ctx, lunar_comm **out) {
-    *out = NULL;
-    if (!lunar_comm_env_launched()) {
-        lunar_comm *c = comm_alloc(1, "world");
-        if (!c) return LUNAR_FAIL(ctx, LUNAR_ERR_OOM, "lunar.dist.init: out of host memory");
-        c->local_rank = 0;
-        *out = c;
-        return LUNAR_OK;
+/* ---- the MPI transport ------------------------------------------------------------------------
+ * Everything that calls MPI. Reached only for groups made through MPI (use_mpi) with more than
+ * one member: the collectives below return earlier for a group of one. */
+
+#ifdef LUNAR_WITH_MPI
+
+static lunar_status mpi_status(lunar_ctx *ctx, int rc, const lunar_comm *c, const char *op, const char *call) {
+    if (rc == MPI_SUCCESS) return LUNAR_OK;
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    msg[0] = 0;
+    MPI_Error_string(rc, msg, &len);
+    return FAILC(ctx, LUNAR_ERR_COMM, c, op, "%s failed: %s", call, msg);
+}
+
+static MPI_Datatype mpi_reduce_type(lunar_dtype dt) {
+    switch (dt) {
+    case LUNAR_DTYPE_F32: return MPI_FLOAT;
+    case LUNAR_DTYPE_F64: return MPI_DOUBLE;
+    case LUNAR_DTYPE_I8: return MPI_INT8_T;
+    case LUNAR_DTYPE_I32: return MPI_INT32_T;
+    case LUNAR_DTYPE_I64: return MPI_INT64_T;
+    default: return MPI_UINT8_T;   /* u8, bool */
     }
+}
+
+static MPI_Op mpi_op(lunar_comm_op op) {
+    switch (op) {
+    case LUNAR_COMM_MAX: return MPI_MAX;
+    case LUNAR_COMM_MIN: return MPI_MIN;
+    default: return MPI_SUM;   /* sum, avg (divided afterwards) */
+    }
+}
+
+/* An unsigned integer type of the element size, for moves (counts stay in elements). */
+static MPI_Datatype mpi_unit(size_t elem_size) {
+    switch (elem_size) {
+    case 2: return MPI_UINT16_T;
+    case 4: return MPI_UINT32_T;
+    case 8: return MPI_UINT64_T;
+    default: return MPI_UINT8_T;
+    }
+}
+
+/* t /= n for a contiguous f32 or f64 CPU tensor (avg after an MPI sum) */
+static void divide(lunar_tensor *t, int n) {
+    int64_t count = lunar_tensor_numel(t);
+    if (t->dtype == LUNAR_DTYPE_F64) {
+        double *p = lunar_tensor_data(t);
+        for (int64_t i = 0; i < count; i++) p[i] /= (double)n;
+    } else {
+        float *p = lunar_tensor_data(t);
+        for (int64_t i = 0; i < count; i++) p[i] /= (float)n;
+    }
+}
+
+static lunar_status check_count(lunar_ctx *ctx, const lunar_comm *c, const char *op, int64_t n) {
+    if (n > INT_MAX)
+        return FAILC(ctx, LUNAR_ERR_UNSUPPORTED, c, op, "%lld elements exceed MPI's int count; split the tensor",
+                     (long long)n);
+    return LUNAR_OK;
+}
+
+/* buf (n values) = the element-wise max over the group, in place */
+static lunar_status mpi_max_i64(lunar_ctx *ctx, lunar_comm *c, const char *op, const char *what, int64_t *buf, int n) {
+    return mpi_status(ctx, MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_INT64_T, MPI_MAX, c->mpi), c, op, what);
+}
+
+/* all = every member's mine (n values each), in rank order */
+static lunar_status mpi_gather_i64(lunar_ctx *ctx, lunar_comm *c, const char *op, const char *what,
+                                   const int64_t *mine, int64_t *all, int n) {
+    return mpi_status(ctx, MPI_Allgather(mine, n, MPI_INT64_T, all, n, MPI_INT64_T, c->mpi), c, op, what);
+}
+
+/* theirs[j] = what member j has in mine[me] (one value per member both ways) */
+static lunar_status mpi_transpose_i64(lunar_ctx *ctx, lunar_comm *c, const char *op, const char *what,
+                                      const int64_t *mine, int64_t *theirs) {
+    return mpi_status(ctx, MPI_Alltoall(mine, 1, MPI_INT64_T, theirs, 1, MPI_INT64_T, c->mpi), c, op, what);
+}
+
+#ifdef LUNAR_WITH_NCCL
+/* root's n bytes at buf to every member (the NCCL id) */
+static lunar_status mpi_bcast_bytes(lunar_ctx *ctx, lunar_comm *c, const char *op, const char *what, void *buf,
+                                    int n, int root) {
+    return mpi_status(ctx, MPI_Bcast(buf, n, MPI_BYTE, root, c->mpi), c, op, what);
+}
+#endif
+
+/* send nsend elements of send_size bytes to dst and/or receive nrecv elements of recv_size bytes
+ * from src (either buffer may be NULL) */
+static lunar_status mpi_exchange(lunar_ctx *ctx, lunar_comm *c, const char *op, int tag, void *recv, int64_t nrecv,
+                                 size_t recv_size, int src, const void *send, int64_t nsend, size_t send_size,
+                                 int dst) {
+    LUNAR_TRY(check_count(ctx, c, op, nsend > nrecv ? nsend : nrecv));
+    MPI_Datatype ru = mpi_unit(recv_size), su = mpi_unit(send_size);
+    int rc;
+    const char *call;
+    if (send && recv) {
+        call = "MPI_Sendrecv";
+        rc = MPI_Sendrecv(send, (int)nsend, su, dst, tag, recv, (int)nrecv, ru, src, tag, c->mpi, MPI_STATUS_IGNORE);
+    } else if (send) {
+        call = "MPI_Send";
+        rc = MPI_Send(send, (int)nsend, su, dst, tag, c->mpi);
+    } else {
+        call = "MPI_Recv";
+        rc = MPI_Recv(recv, (int)nrecv, ru, src, tag, c->mpi, MPI_STATUS_IGNORE);
+    }
+    return mpi_status(ctx, rc, c, op, tag == TAG_HEADER ? "header exchange" : call);
+}
+
+/* t (contiguous, a reduce dtype) = op over the group, in chunks of MPI_CHUNK elements */
+static lunar_status mpi_all_reduce(lunar_ctx *ctx, lunar_comm *c, const char *op, lunar_tensor *t, lunar_comm_op rop) {
+    int64_t count = lunar_tensor_numel(t);
+    size_t el = lunar_dtype_size(t->dtype);
+    char *p = lunar_tensor_data(t);
+    for (int64_t off = 0; off < count; off += MPI_CHUNK) {
+        int k = (int)(count - off < MPI_CHUNK ? count - off : MPI_CHUNK);
+        LUNAR_TRY(mpi_status(ctx, MPI_Allreduce(MPI_IN_PLACE, p + (size_t)off * el, k, mpi_reduce_type(t->dtype),
+                                                mpi_op(rop), c->mpi), c, op, "MPI_Allreduce"));
+    }
+    if (rop == LUNAR_COMM_AVG) divide(t, c->size);
+    return LUNAR_OK;
+}
+
+static lunar_status mpi_all_gather(lunar_ctx *ctx, lunar_comm *c, const char *op, lunar_tensor *out,
+                                   const lunar_tensor *in) {
+    int64_t count = lunar_tensor_numel(in);
+    LUNAR_TRY(check_count(ctx, c, op, count * c->size));
+    MPI_Datatype u = mpi_unit(lunar_dtype_size(in->dtype));
+    return mpi_status(ctx, MPI_Allgather(lunar_tensor_data(in), (int)count, u, lunar_tensor_data(out), (int)count, u,
+                                         c->mpi), c, op, "MPI_Allgather");
+}
+
+static lunar_status mpi_reduce_scatter(lunar_ctx *ctx, lunar_comm *c, const char *op, lunar_tensor *out,
+                                       const lunar_tensor *in, lunar_comm_op rop) {
+    int64_t count = lunar_tensor_numel(out);
+    LUNAR_TRY(check_count(ctx, c, op, count));
+    LUNAR_TRY(mpi_status(ctx, MPI_Reduce_scatter_block(lunar_tensor_data(in), lunar_tensor_data(out), (int)count,
+                                                       mpi_reduce_type(in->dtype), mpi_op(rop), c->mpi),
+                         c, op, "MPI_Reduce_scatter_block"));
+    if (rop == LUNAR_COMM_AVG) divide(out, c->size);
+    return LUNAR_OK;
+}
+
+static lunar_status mpi_broadcast(lunar_ctx *ctx, lunar_comm *c, const char *op, lunar_tensor *t, int root) {
+    int64_t count = lunar_tensor_numel(t);
+    size_t el = lunar_dtype_size(t->dtype);
+    char *p = lunar_tensor_data(t);
+    for (int64_t off = 0; off < count; off += MPI_CHUNK) {
+        int k = (int)(count - off < MPI_CHUNK ? count - off : MPI_CHUNK);
+        LUNAR_TRY(mpi_status(ctx, MPI_Bcast(p + (size_t)off * el, k, mpi_unit(el), root, c->mpi), c, op, "MPI_Bcast"));
+    }
+    return LUNAR_OK;
+}
+
+/* counts and displacements in rows, with a row datatype, so they stay far from INT_MAX */
+static lunar_status mpi_all_to_all(lunar_ctx *ctx, lunar_comm *c, const char *op, lunar_tensor *out,
+                                   const lunar_tensor *in, const int64_t *send_rows, const int64_t *recv_rows,
+                                   int64_t row_elems) {
+    int64_t send_total = in->shape[0], recv_total = out->shape[0];
+    LUNAR_TRY(check_count(ctx, c, op, row_elems));
+    LUNAR_TRY(check_count(ctx, c, op, send_total > recv_total ? send_total : recv_total));
+    int *v = malloc((size_t)c->size * 4 * sizeof *v);
+    if (!v) return FAILC(ctx, LUNAR_ERR_OOM, c, op, "out of host memory");
+    int *sc = v, *sd = v + c->size, *rc = v + 2 * c->size, *rd = v + 3 * c->size;
+    int64_t so = 0, ro = 0;
+    for (int j = 0; j < c->size; j++) {
+        sc[j] = (int)send_rows[j], sd[j] = (int)so, so += send_rows[j];
+        rc[j] = (int)recv_rows[j], rd[j] = (int)ro, ro += recv_rows[j];
+    }
+    MPI_Datatype row = MPI_DATATYPE_NULL;
+    lunar_status st = mpi_status(ctx, MPI_Type_contiguous((int)row_elems, mpi_unit(lunar_dtype_size(in->dtype)), &row),
+                                 c, op, "MPI_Type_contiguous");
+    if (st == LUNAR_OK) st = mpi_status(ctx, MPI_Type_commit(&row), c, op, "MPI_Type_commit");
+    if (st == LUNAR_OK)
+        st = mpi_status(ctx, MPI_Alltoallv(lunar_tensor_data(in), sc, sd, row, lunar_tensor_data(out), rc, rd, row,
+                                           c->mpi), c, op, "MPI_Alltoallv");
+    if (row != MPI_DATATYPE_NULL) MPI_Type_free(&row);
+    free(v);
+    return st;
+}
+
+static lunar_status mpi_barrier(lunar_ctx *ctx, lunar_comm *c) {
+    return mpi_status(ctx, MPI_Barrier(c->mpi), c, "barrier", "MPI_Barrier");
+}
+
+/* The world under a launcher: initialises MPI if nobody did yet and wraps a duplicate of
+ * MPI_COMM_WORLD whose errors come back as codes. */
+static lunar_status mpi_world(lunar_ctx *ctx, lunar_comm **out) {
     int init = 0, fin = 0, rc = MPI_SUCCESS;
     MPI_Finalized(&fin);
     if (fin) return LUNAR_FAIL(ctx, LUNAR_ERR_COMM, "lunar.dist.init: MPI was already finalised");
@@ -415,6 +519,7 @@ lunar_status lunar_comm_init_world(lunar_ctx *ctx, lunar_comm **out) {
     lunar_comm *c = comm_alloc(size, "world");
     if (!c) return LUNAR_FAIL(ctx, LUNAR_ERR_OOM, "lunar.dist.init: out of host memory");
     c->use_mpi = 1;
+    c->mpi = MPI_COMM_NULL;
     c->rank = rank;
     for (int i = 0; i < size; i++) c->world_ranks[i] = i;
     /* our own duplicate, so MPI errors come back as codes without changing MPI_COMM_WORLD */
@@ -438,20 +543,8 @@ lunar_status lunar_comm_init_world(lunar_ctx *ctx, lunar_comm **out) {
     return LUNAR_OK;
 }
 
-lunar_status lunar_comm_split(lunar_ctx *ctx, lunar_comm **out, lunar_comm *parent, int color, int key,
+static lunar_status mpi_split(lunar_ctx *ctx, lunar_comm **out, lunar_comm *parent, int color, int key,
                               const char *name) {
-    *out = NULL;
-    if (color < 0)
-        return FAILC(ctx, LUNAR_ERR_ARG, parent, "split", "color %d is negative (every member joins a group)", color);
-    if (!parent->use_mpi) {
-        lunar_comm *c = comm_alloc(1, name);
-        if (!c) return LUNAR_FAIL(ctx, LUNAR_ERR_OOM, "split: out of host memory");
-        c->world_ranks[0] = parent->world_ranks[0];
-        c->local_rank = parent->local_rank;
-        c->checks = parent->checks;
-        *out = c;
-        return LUNAR_OK;
-    }
     MPI_Comm m = MPI_COMM_NULL;
     LUNAR_TRY(mpi_status(ctx, MPI_Comm_split(parent->mpi, color, key, &m), parent, "split", "MPI_Comm_split"));
     int size = 1, rank = 0;
@@ -479,13 +572,116 @@ lunar_status lunar_comm_split(lunar_ctx *ctx, lunar_comm **out, lunar_comm *pare
     return LUNAR_OK;
 }
 
+static void mpi_release(lunar_comm *c) {
+    if (c->use_mpi && c->mpi != MPI_COMM_NULL && lunar_comm_mpi_active()) MPI_Comm_free(&c->mpi);
+}
+
+#else   /* !LUNAR_WITH_MPI: never reached (every group has one member and no MPI communicator) */
+
+#define NO_MPI(ctx, c, op) FAILC((ctx), LUNAR_ERR_UNSUPPORTED, (c), (op), "this lunar was built without MPI")
+#define mpi_max_i64(ctx, c, op, ...)        NO_MPI(ctx, c, op)
+#define mpi_gather_i64(ctx, c, op, ...)     NO_MPI(ctx, c, op)
+#define mpi_transpose_i64(ctx, c, op, ...)  NO_MPI(ctx, c, op)
+#define mpi_bcast_bytes(ctx, c, op, ...)    NO_MPI(ctx, c, op)
+#define mpi_exchange(ctx, c, op, ...)       NO_MPI(ctx, c, op)
+#define mpi_all_reduce(ctx, c, op, ...)     NO_MPI(ctx, c, op)
+#define mpi_all_gather(ctx, c, op, ...)     NO_MPI(ctx, c, op)
+#define mpi_reduce_scatter(ctx, c, op, ...) NO_MPI(ctx, c, op)
+#define mpi_broadcast(ctx, c, op, ...)      NO_MPI(ctx, c, op)
+#define mpi_all_to_all(ctx, c, op, ...)     NO_MPI(ctx, c, op)
+#define mpi_barrier(ctx, c)                 NO_MPI(ctx, c, "barrier")
+#define mpi_split(ctx, out, parent, ...)    NO_MPI(ctx, parent, "split")
+#define mpi_release(c)                      ((void)(c))
+
+#endif   /* LUNAR_WITH_MPI */
+
+/* Compares this member's signature with every other member's (max of s and of -s in one
+ * all-reduce). The result is the same everywhere, so on a mismatch all members gather the
+ * signatures and fail with the same message. */
+static lunar_status sig_check(lunar_ctx *ctx, lunar_comm *c, const char *op, const int64_t *mine) {
+    if (!checked(c)) return LUNAR_OK;
+    int64_t buf[2 * SIG_N];
+    for (int i = 0; i < SIG_N; i++) {
+        buf[i] = mine[i];
+        buf[SIG_N + i] = -mine[i];
+    }
+    LUNAR_TRY(mpi_max_i64(ctx, c, op, "signature check (MPI_Allreduce)", buf, 2 * SIG_N));
+    int same = 1;
+    for (int i = 0; i < SIG_N; i++) same &= buf[i] == -buf[SIG_N + i];
+    if (same) return LUNAR_OK;
+
+    int64_t *all = malloc((size_t)c->size * SIG_N * sizeof *all);
+    if (!all) return FAILC(ctx, LUNAR_ERR_OOM, c, op, "out of host memory for the signature check");
+    lunar_status st = mpi_gather_i64(ctx, c, op, "signature check (MPI_Allgather)", mine, all, SIG_N);
+    if (st == LUNAR_OK) {
+        int bad = -1;
+        for (int r = 0; r < c->size && bad < 0; r++)
+            if (all[r * SIG_N + SIG_BAD_PEER] >= 0) bad = r;
+        if (bad >= 0) {
+            const int64_t *s = all + bad * SIG_N;
+            st = FAILC(ctx, LUNAR_ERR_SHAPE, c, op, "rank %d expects %lld rows from rank %lld, which sends %lld", bad,
+                       (long long)s[SIG_BAD_WANT], (long long)s[SIG_BAD_PEER], (long long)s[SIG_BAD_GOT]);
+        } else {
+            int r = 1;
+            while (r < c->size && memcmp(all, all + r * SIG_N, SIG_N * sizeof *all) == 0) r++;
+            if (r == c->size) r = 1;   /* cannot happen: the all-reduce saw a difference */
+            char a[320], b[320];
+            sig_format(all, 1, a, sizeof a);
+            sig_format(all + r * SIG_N, 1, b, sizeof b);
+            st = FAILC(ctx, LUNAR_ERR_SHAPE, c, op, "members disagree: rank 0 calls %s, rank %d calls %s", a, r, b);
+        }
+    }
+    free(all);
+    return st;
+}
+
+/* ---- groups ---------------------------------------------------------------------------------- */
+
+lunar_status lunar_comm_init_world(lunar_ctx *ctx, lunar_comm **out) {
+    *out = NULL;
+    if (lunar_comm_env_launched() && lunar_comm_env_size() > 1) {
+#ifdef LUNAR_WITH_MPI
+        return mpi_world(ctx, out);
+#else
+        return LUNAR_FAIL(ctx, LUNAR_ERR_UNSUPPORTED,
+                          "lunar.dist.init: started by a launcher with %d ranks, but this lunar was built without MPI "
+                          "(LUNAR_WITH_MPI=OFF); rebuild it with MPI, or run one process for a single-rank world",
+                          lunar_comm_env_size());
+#endif
+    }
+#ifdef LUNAR_WITH_MPI
+    if (lunar_comm_env_launched()) return mpi_world(ctx, out);
+#endif
+    /* alone: a single-rank world without MPI */
+    lunar_comm *c = comm_alloc(1, "world");
+    if (!c) return LUNAR_FAIL(ctx, LUNAR_ERR_OOM, "lunar.dist.init: out of host memory");
+    c->local_rank = 0;
+    *out = c;
+    return LUNAR_OK;
+}
+
+lunar_status lunar_comm_split(lunar_ctx *ctx, lunar_comm **out, lunar_comm *parent, int color, int key,
+                              const char *name) {
+    *out = NULL;
+    if (color < 0)
+        return FAILC(ctx, LUNAR_ERR_ARG, parent, "split", "color %d is negative (every member joins a group)", color);
+    if (via_mpi(parent)) return mpi_split(ctx, out, parent, color, key, name);
+    lunar_comm *c = comm_alloc(1, name);
+    if (!c) return LUNAR_FAIL(ctx, LUNAR_ERR_OOM, "split: out of host memory");
+    c->world_ranks[0] = parent->world_ranks[0];
+    c->local_rank = parent->local_rank;
+    c->checks = parent->checks;
+    *out = c;
+    return LUNAR_OK;
+}
+
 void lunar_comm_free(lunar_ctx *ctx, lunar_comm *c) {
     (void)ctx;
     if (!c) return;
-#ifdef LUNAR_WITH_CUDA
+#ifdef LUNAR_WITH_NCCL
     if (c->nccl) lunar_nccl_free(c->nccl);
 #endif
-    if (c->mpi != MPI_COMM_NULL && lunar_comm_mpi_active()) MPI_Comm_free(&c->mpi);
+    mpi_release(c);
     free(c->world_ranks);
     free(c);
 }
@@ -496,15 +692,17 @@ const char *lunar_comm_name(const lunar_comm *c) { return c->name; }
 const int *lunar_comm_world_ranks(const lunar_comm *c) { return c->world_ranks; }
 int lunar_comm_local_rank(const lunar_comm *c) { return c->local_rank < 0 ? 0 : c->local_rank; }
 int lunar_comm_uses_mpi(const lunar_comm *c) { return c->use_mpi; }
+int lunar_comm_uses_nccl(const lunar_comm *c) { return c->nccl != NULL; }
 void lunar_comm_set_checks(lunar_comm *c, int on) { c->checks = on ? 1 : 0; }
 int lunar_comm_checks(const lunar_comm *c) { return c->checks; }
 
 /* ---- NCCL bootstrap -------------------------------------------------------------------------- */
 
-#ifdef LUNAR_WITH_CUDA
+#ifdef LUNAR_WITH_NCCL
 /* The group's NCCL communicator on `device`, made now if needed: rank 0 creates the id and
  * broadcasts it over the group's MPI communicator (with a flag, so a failure there does not
- * leave the others waiting), then every member calls ncclCommInitRank. Collective. */
+ * leave the others waiting), then every member calls ncclCommInitRank. A single-rank group
+ * without MPI uses its own id. Collective. */
 static lunar_status nccl_ready(lunar_ctx *ctx, lunar_comm *c, int device, const char *op) {
     if (c->nccl) {
         if (lunar_nccl_device(c->nccl) != device)
@@ -519,8 +717,8 @@ static lunar_status nccl_ready(lunar_ctx *ctx, lunar_comm *c, int device, const 
         st = lunar_nccl_unique_id(ctx, buf);
         buf[LUNAR_NCCL_ID_BYTES] = st == LUNAR_OK;
     }
-    if (c->use_mpi)
-        LUNAR_TRY(mpi_status(ctx, MPI_Bcast(buf, (int)sizeof buf, MPI_BYTE, 0, c->mpi), c, op, "MPI_Bcast of the NCCL id"));
+    if (via_mpi(c))
+        LUNAR_TRY(mpi_bcast_bytes(ctx, c, op, "MPI_Bcast of the NCCL id", buf, (int)sizeof buf, 0));
     if (st != LUNAR_OK) return st;
     if (!buf[LUNAR_NCCL_ID_BYTES]) return FAILC(ctx, LUNAR_ERR_COMM, c, op, "rank 0 could not create the NCCL id");
     st = lunar_nccl_init(ctx, &c->nccl, buf, c->size, c->rank, device);
@@ -530,29 +728,29 @@ static lunar_status nccl_ready(lunar_ctx *ctx, lunar_comm *c, int device, const 
 #endif
 
 lunar_status lunar_comm_nccl_init(lunar_ctx *ctx, lunar_comm *c, int device) {
-#ifdef LUNAR_WITH_CUDA
+#ifdef LUNAR_WITH_NCCL
     return nccl_ready(ctx, c, device, "nccl_init");
 #else
     (void)device;
-    return FAILC(ctx, LUNAR_ERR_UNSUPPORTED, c, "nccl_init", "this lunar was built without CUDA");
+    return FAILC(ctx, LUNAR_ERR_UNSUPPORTED, c, "nccl_init", "this lunar was built without NCCL");
 #endif
 }
 
 /* The NCCL communicator for tensor t (CUDA builds), or an error. */
 static lunar_status nccl_for(lunar_ctx *ctx, lunar_comm *c, const lunar_tensor *t, const char *op, lunar_nccl **n) {
-#ifdef LUNAR_WITH_CUDA
+#ifdef LUNAR_WITH_NCCL
     LUNAR_TRY(nccl_ready(ctx, c, lunar_tensor_device(t).index, op));
     *n = c->nccl;
     return LUNAR_OK;
 #else
     (void)t;
     *n = NULL;
-    return FAILC(ctx, LUNAR_ERR_UNSUPPORTED, c, op, "CUDA tensors need a lunar built with CUDA");
+    return FAILC(ctx, LUNAR_ERR_UNSUPPORTED, c, op, "collectives on CUDA tensors need a lunar built with NCCL");
 #endif
 }
 
-#ifndef LUNAR_WITH_CUDA
-/* never called: CUDA tensors cannot exist without the CUDA backend (nccl_for fails first) */
+#ifndef LUNAR_WITH_NCCL
+/* never called: without NCCL, nccl_for fails first */
 #define NO_CUDA(ctx) LUNAR_FAIL((ctx), LUNAR_ERR_UNSUPPORTED, "NCCL is not built in")
 #define lunar_nccl_all_reduce(ctx, ...) NO_CUDA(ctx)
 #define lunar_nccl_all_gather(ctx, ...) NO_CUDA(ctx)
@@ -561,6 +759,13 @@ static lunar_status nccl_for(lunar_ctx *ctx, lunar_comm *c, const lunar_tensor *
 #define lunar_nccl_all_to_all(ctx, ...) NO_CUDA(ctx)
 #define lunar_nccl_send_recv(ctx, ...) NO_CUDA(ctx)
 #endif
+
+/* A group of one finishes locally (a copy at most), except for CUDA tensors once the group has
+ * an NCCL communicator, which only nccl_init makes for such a group: then NCCL runs the
+ * collective on one rank, which is how a single GPU tests the NCCL path. */
+static int local_only(const lunar_comm *c, const lunar_tensor *t) {
+    return c->size == 1 && !(c->nccl && is_cuda(t));
+}
 
 /* ---- collectives ----------------------------------------------------------------------------- */
 
@@ -572,7 +777,7 @@ lunar_status lunar_comm_all_reduce(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *
     int64_t sig[SIG_N];
     sig_make(sig, K_ALL_REDUCE, t, 0, op);
     LUNAR_TRY(sig_check(ctx, c, name, sig));
-    if (c->size == 1) return LUNAR_OK;
+    if (local_only(c, t)) return LUNAR_OK;
 
     stage s;
     lunar_status st = stage_make(ctx, &s, t, reduce_dtype(t), 1, 0);
@@ -581,15 +786,7 @@ lunar_status lunar_comm_all_reduce(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *
         st = nccl_for(ctx, c, t, name, &n);
         if (st == LUNAR_OK) st = lunar_nccl_all_reduce(ctx, n, &s.t, op);
     } else if (st == LUNAR_OK) {
-        int64_t count = lunar_tensor_numel(&s.t);
-        size_t el = lunar_dtype_size(s.t.dtype);
-        char *p = lunar_tensor_data(&s.t);
-        for (int64_t off = 0; off < count && st == LUNAR_OK; off += MPI_CHUNK) {
-            int k = (int)(count - off < MPI_CHUNK ? count - off : MPI_CHUNK);
-            st = mpi_status(ctx, MPI_Allreduce(MPI_IN_PLACE, p + (size_t)off * el, k, mpi_reduce_type(s.t.dtype),
-                                               mpi_op(op), c->mpi), c, name, "MPI_Allreduce");
-        }
-        if (st == LUNAR_OK && op == LUNAR_COMM_AVG) divide(&s.t, c->size);
+        st = mpi_all_reduce(ctx, c, name, &s.t, op);
     }
     if (st == LUNAR_OK) st = stage_back(ctx, t, &s);
     stage_release(ctx, &s);
@@ -609,7 +806,7 @@ lunar_status lunar_comm_all_gather(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *
     int64_t sig[SIG_N];
     sig_make(sig, K_ALL_GATHER, in, 0, -1);
     LUNAR_TRY(sig_check(ctx, c, name, sig));
-    if (c->size == 1) return lunar_copy(ctx, out, in);
+    if (local_only(c, in)) return lunar_copy(ctx, out, in);
 
     stage si, so;
     memset(&so, 0, sizeof so);
@@ -620,12 +817,7 @@ lunar_status lunar_comm_all_gather(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *
         st = nccl_for(ctx, c, in, name, &n);
         if (st == LUNAR_OK) st = lunar_nccl_all_gather(ctx, n, &so.t, &si.t);
     } else if (st == LUNAR_OK) {
-        int64_t count = lunar_tensor_numel(&si.t);
-        st = check_count(ctx, c, name, count * c->size);
-        MPI_Datatype u = mpi_unit(in->dtype);
-        if (st == LUNAR_OK)
-            st = mpi_status(ctx, MPI_Allgather(lunar_tensor_data(&si.t), (int)count, u, lunar_tensor_data(&so.t),
-                                               (int)count, u, c->mpi), c, name, "MPI_Allgather");
+        st = mpi_all_gather(ctx, c, name, &so.t, &si.t);
     }
     if (st == LUNAR_OK) st = stage_back(ctx, out, &so);
     stage_release(ctx, &si);
@@ -651,7 +843,7 @@ lunar_status lunar_comm_reduce_scatter(lunar_ctx *ctx, lunar_comm *c, lunar_tens
     int64_t sig[SIG_N];
     sig_make(sig, K_REDUCE_SCATTER, in, 0, op);
     LUNAR_TRY(sig_check(ctx, c, name, sig));
-    if (c->size == 1) return lunar_copy(ctx, out, in);
+    if (local_only(c, in)) return lunar_copy(ctx, out, in);
 
     lunar_dtype rdt = reduce_dtype(in);
     stage si, so;
@@ -663,13 +855,7 @@ lunar_status lunar_comm_reduce_scatter(lunar_ctx *ctx, lunar_comm *c, lunar_tens
         st = nccl_for(ctx, c, in, name, &n);
         if (st == LUNAR_OK) st = lunar_nccl_reduce_scatter(ctx, n, &so.t, &si.t, op);
     } else if (st == LUNAR_OK) {
-        int64_t count = lunar_tensor_numel(&so.t);
-        st = check_count(ctx, c, name, count);
-        if (st == LUNAR_OK)
-            st = mpi_status(ctx, MPI_Reduce_scatter_block(lunar_tensor_data(&si.t), lunar_tensor_data(&so.t), (int)count,
-                                                          mpi_reduce_type(rdt), mpi_op(op), c->mpi),
-                            c, name, "MPI_Reduce_scatter_block");
-        if (st == LUNAR_OK && op == LUNAR_COMM_AVG) divide(&so.t, c->size);
+        st = mpi_reduce_scatter(ctx, c, name, &so.t, &si.t, op);
     }
     if (st == LUNAR_OK) st = stage_back(ctx, out, &so);
     stage_release(ctx, &si);
@@ -686,7 +872,7 @@ lunar_status lunar_comm_broadcast(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *t
     int64_t sig[SIG_N];
     sig_make(sig, K_BROADCAST, t, 0, root);
     LUNAR_TRY(sig_check(ctx, c, name, sig));
-    if (c->size == 1) return LUNAR_OK;
+    if (local_only(c, t)) return LUNAR_OK;
 
     stage s;
     lunar_status st = stage_make(ctx, &s, t, t->dtype, c->rank == root, 0);
@@ -695,14 +881,7 @@ lunar_status lunar_comm_broadcast(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *t
         st = nccl_for(ctx, c, t, name, &n);
         if (st == LUNAR_OK) st = lunar_nccl_broadcast(ctx, n, &s.t, root);
     } else if (st == LUNAR_OK) {
-        int64_t count = lunar_tensor_numel(&s.t);
-        size_t el = lunar_dtype_size(t->dtype);
-        char *p = lunar_tensor_data(&s.t);
-        for (int64_t off = 0; off < count && st == LUNAR_OK; off += MPI_CHUNK) {
-            int k = (int)(count - off < MPI_CHUNK ? count - off : MPI_CHUNK);
-            st = mpi_status(ctx, MPI_Bcast(p + (size_t)off * el, k, mpi_unit(t->dtype), root, c->mpi), c, name,
-                            "MPI_Bcast");
-        }
+        st = mpi_broadcast(ctx, c, name, &s.t, root);
     }
     if (st == LUNAR_OK && c->rank != root) st = stage_back(ctx, t, &s);
     stage_release(ctx, &s);
@@ -741,8 +920,7 @@ lunar_status lunar_comm_all_to_all(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *
         /* what each member sends me must be what I expect from it */
         int64_t *theirs = malloc((size_t)c->size * sizeof *theirs);
         if (!theirs) return FAILC(ctx, LUNAR_ERR_OOM, c, name, "out of host memory");
-        lunar_status st = mpi_status(ctx, MPI_Alltoall(send_rows, 1, MPI_INT64_T, theirs, 1, MPI_INT64_T, c->mpi), c,
-                                     name, "count check (MPI_Alltoall)");
+        lunar_status st = mpi_transpose_i64(ctx, c, name, "count check (MPI_Alltoall)", send_rows, theirs);
         for (int j = 0; st == LUNAR_OK && j < c->size; j++)
             if (theirs[j] != recv_rows[j]) {
                 sig[SIG_BAD_PEER] = j;
@@ -754,7 +932,7 @@ lunar_status lunar_comm_all_to_all(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *
         LUNAR_TRY(st);
         LUNAR_TRY(sig_check(ctx, c, name, sig));
     }
-    if (c->size == 1) return lunar_copy(ctx, out, in);
+    if (local_only(c, in)) return lunar_copy(ctx, out, in);
 
     int64_t row_elems = 1;
     for (int i = 1; i < in->ndim; i++) row_elems *= in->shape[i];
@@ -769,28 +947,7 @@ lunar_status lunar_comm_all_to_all(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *
             st = lunar_nccl_all_to_all(ctx, n, &so.t, &si.t, send_rows, recv_rows,
                                        row_elems * (int64_t)lunar_dtype_size(in->dtype), c->size, c->rank);
     } else if (st == LUNAR_OK && row_elems > 0) {
-        /* counts and displacements in rows, with a row datatype, so they stay far from INT_MAX */
-        int *v = malloc((size_t)c->size * 4 * sizeof *v);
-        MPI_Datatype row = MPI_DATATYPE_NULL;
-        if (!v) st = FAILC(ctx, LUNAR_ERR_OOM, c, name, "out of host memory");
-        if (st == LUNAR_OK) st = check_count(ctx, c, name, row_elems);
-        if (st == LUNAR_OK) st = check_count(ctx, c, name, send_total > recv_total ? send_total : recv_total);
-        if (st == LUNAR_OK) {
-            int *sc = v, *sd = v + c->size, *rc = v + 2 * c->size, *rd = v + 3 * c->size;
-            int64_t so_ = 0, ro_ = 0;
-            for (int j = 0; j < c->size; j++) {
-                sc[j] = (int)send_rows[j], sd[j] = (int)so_, so_ += send_rows[j];
-                rc[j] = (int)recv_rows[j], rd[j] = (int)ro_, ro_ += recv_rows[j];
-            }
-            st = mpi_status(ctx, MPI_Type_contiguous((int)row_elems, mpi_unit(in->dtype), &row), c, name,
-                            "MPI_Type_contiguous");
-            if (st == LUNAR_OK) st = mpi_status(ctx, MPI_Type_commit(&row), c, name, "MPI_Type_commit");
-            if (st == LUNAR_OK)
-                st = mpi_status(ctx, MPI_Alltoallv(lunar_tensor_data(&si.t), sc, sd, row, lunar_tensor_data(&so.t), rc, rd,
-                                                   row, c->mpi), c, name, "MPI_Alltoallv");
-        }
-        if (row != MPI_DATATYPE_NULL) MPI_Type_free(&row);
-        free(v);
+        st = mpi_all_to_all(ctx, c, name, &so.t, &si.t, send_rows, recv_rows, row_elems);
     }
     if (st == LUNAR_OK) st = stage_back(ctx, out, &so);
     stage_release(ctx, &si);
@@ -820,7 +977,8 @@ static lunar_status header_match(lunar_ctx *ctx, const lunar_comm *c, const char
     return FAILC(ctx, LUNAR_ERR_SHAPE, c, op, "rank %d expects %s from rank %d, which sends %s", c->rank, a, src, b);
 }
 
-/* Point-to-point core: send (to dst) and/or recv (from src); either tensor may be NULL. */
+/* Point-to-point core: send (to dst) and/or recv (from src); either tensor may be NULL. A group
+ * of one has no peer, so past check_peer the group has several members and uses MPI. */
 static lunar_status p2p(lunar_ctx *ctx, lunar_comm *c, const char *name, lunar_tensor *recv, int src,
                         const lunar_tensor *send, int dst) {
     if (send) LUNAR_TRY(check_tensor(ctx, c, name, "send tensor", send));
@@ -834,20 +992,13 @@ static lunar_status p2p(lunar_ctx *ctx, lunar_comm *c, const char *name, lunar_t
         describe(recv, b, sizeof b);
         return FAILC(ctx, LUNAR_ERR_DEVICE, c, name, "send tensor %s and recv tensor %s are on different devices", a, b);
     }
-    if (!c->use_mpi) return FAILC(ctx, LUNAR_ERR_COMM, c, name, "no MPI");   /* unreachable: size 1 */
+    if (!via_mpi(c)) return FAILC(ctx, LUNAR_ERR_COMM, c, name, "no MPI");   /* unreachable: size 1 */
 
     if (c->checks) {
         int64_t hs[SIG_N], hr[SIG_N];
         if (send) sig_make(hs, K_SEND, send, 0, -1);
-        int rc;
-        if (send && recv)
-            rc = MPI_Sendrecv(hs, SIG_N, MPI_INT64_T, dst, TAG_HEADER, hr, SIG_N, MPI_INT64_T, src, TAG_HEADER, c->mpi,
-                              MPI_STATUS_IGNORE);
-        else if (send)
-            rc = MPI_Send(hs, SIG_N, MPI_INT64_T, dst, TAG_HEADER, c->mpi);
-        else
-            rc = MPI_Recv(hr, SIG_N, MPI_INT64_T, src, TAG_HEADER, c->mpi, MPI_STATUS_IGNORE);
-        LUNAR_TRY(mpi_status(ctx, rc, c, name, "header exchange"));
+        LUNAR_TRY(mpi_exchange(ctx, c, name, TAG_HEADER, recv ? hr : NULL, SIG_N, sizeof hr[0], src,
+                               send ? hs : NULL, SIG_N, sizeof hs[0], dst));
         if (recv) LUNAR_TRY(header_match(ctx, c, name, recv, src, hr));
     }
 
@@ -863,19 +1014,10 @@ static lunar_status p2p(lunar_ctx *ctx, lunar_comm *c, const char *name, lunar_t
         st = nccl_for(ctx, c, any, name, &n);
         if (st == LUNAR_OK) st = lunar_nccl_send_recv(ctx, n, recv ? &sr.t : NULL, src, send ? &ss.t : NULL, dst);
     } else if (st == LUNAR_OK) {
-        int64_t ns = send ? lunar_tensor_numel(send) : 0, nr = recv ? lunar_tensor_numel(recv) : 0;
-        st = check_count(ctx, c, name, ns > nr ? ns : nr);
-        int rc = MPI_SUCCESS;
-        if (st == LUNAR_OK && send && recv)
-            rc = MPI_Sendrecv(lunar_tensor_data(&ss.t), (int)ns, mpi_unit(send->dtype), dst, TAG_DATA,
-                              lunar_tensor_data(&sr.t), (int)nr, mpi_unit(recv->dtype), src, TAG_DATA, c->mpi,
-                              MPI_STATUS_IGNORE);
-        else if (st == LUNAR_OK && send)
-            rc = MPI_Send(lunar_tensor_data(&ss.t), (int)ns, mpi_unit(send->dtype), dst, TAG_DATA, c->mpi);
-        else if (st == LUNAR_OK)
-            rc = MPI_Recv(lunar_tensor_data(&sr.t), (int)nr, mpi_unit(recv->dtype), src, TAG_DATA, c->mpi,
-                          MPI_STATUS_IGNORE);
-        if (st == LUNAR_OK) st = mpi_status(ctx, rc, c, name, send && recv ? "MPI_Sendrecv" : send ? "MPI_Send" : "MPI_Recv");
+        st = mpi_exchange(ctx, c, name, TAG_DATA, recv ? lunar_tensor_data(&sr.t) : NULL,
+                          recv ? lunar_tensor_numel(recv) : 0, recv ? lunar_dtype_size(recv->dtype) : 1, src,
+                          send ? lunar_tensor_data(&ss.t) : NULL, send ? lunar_tensor_numel(send) : 0,
+                          send ? lunar_dtype_size(send->dtype) : 1, dst);
     }
     if (st == LUNAR_OK && recv) st = stage_back(ctx, recv, &sr);
     stage_release(ctx, &ss);
@@ -900,6 +1042,6 @@ lunar_status lunar_comm_barrier(lunar_ctx *ctx, lunar_comm *c) {
     int64_t sig[SIG_N];
     sig_make(sig, K_BARRIER, NULL, 0, -1);
     LUNAR_TRY(sig_check(ctx, c, "barrier", sig));
-    if (c->size == 1 || !c->use_mpi) return LUNAR_OK;
-    return mpi_status(ctx, MPI_Barrier(c->mpi), c, "barrier", "MPI_Barrier");
+    if (c->size == 1 || !via_mpi(c)) return LUNAR_OK;
+    return mpi_barrier(ctx, c);
 }

@@ -1,4 +1,4 @@
-/* comm_nccl.h: the NCCL half of lunar_comm (host/comm/comm_nccl.cu, CUDA builds only).
+/* comm_nccl.h: the NCCL half of lunar_comm (host/comm/comm_nccl.cu, CUDA builds with NCCL only).
  *
  * comm_mpi.c validates, checks signatures across ranks, stages non-contiguous tensors and
  * bootstraps the NCCL communicator over MPI; these functions only issue NCCL calls on the

@@ -62,6 +62,7 @@ static int l_comm_size(lua_State *L) { lua_pushinteger(L, lunar_comm_size(check_
 static int l_comm_name(lua_State *L) { lua_pushstring(L, lunar_comm_name(check_comm(L, 1))); return 1; }
 static int l_comm_local_rank(lua_State *L) { lua_pushinteger(L, lunar_comm_local_rank(check_comm(L, 1))); return 1; }
 static int l_comm_uses_mpi(lua_State *L) { lua_pushboolean(L, lunar_comm_uses_mpi(check_comm(L, 1))); return 1; }
+static int l_comm_uses_nccl(lua_State *L) { lua_pushboolean(L, lunar_comm_uses_nccl(check_comm(L, 1))); return 1; }
 
 /* g:ranks() -> {world rank of member 0, ...} */
 static int l_comm_ranks(lua_State *L) {
@@ -84,7 +85,8 @@ static int l_comm_checks(lua_State *L) {
     return 1;
 }
 
-/* g:nccl_init(device_index): make the group's NCCL communicator now (collective) */
+/* g:nccl_init(device_index): make the group's NCCL communicator now (collective); on a group of
+ * one, CUDA collectives then go through NCCL instead of local copies */
 static int l_comm_nccl_init(lua_State *L) {
     lunar_comm *c = check_comm(L, 1);
     int dev = (int)luaL_optinteger(L, 2, lunar_ctx_default_cuda_device(lunar_lua_ctx(L)));
@@ -283,7 +285,8 @@ static int l_mpi_active(lua_State *L) {
 void lunar_lua_open_dist(lua_State *L) {
     static const luaL_Reg methods[] = {
         {"rank", l_comm_rank}, {"size", l_comm_size}, {"name", l_comm_name}, {"ranks", l_comm_ranks},
-        {"local_rank", l_comm_local_rank}, {"uses_mpi", l_comm_uses_mpi}, {"checks", l_comm_checks},
+        {"local_rank", l_comm_local_rank}, {"uses_mpi", l_comm_uses_mpi}, {"uses_nccl", l_comm_uses_nccl},
+        {"checks", l_comm_checks},
         {"nccl_init", l_comm_nccl_init}, {NULL, NULL},
     };
     static const luaL_Reg fns[] = {

@@ -1,19 +1,26 @@
 /* repl.c: the interactive loop of `lunar -i`: readline editing and history, multi-line input,
  * `=expr` and bare expressions printed (tensors pretty-printed by lunar.repl.show), errors
- * printed with a traceback without leaving the loop. */
+ * printed with a traceback without leaving the loop. Built without readline
+ * (LUNAR_WITH_READLINE undefined), lines are read with getline: no editing, no history, and
+ * Ctrl-C at the prompt interrupts lunar as it would any program. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <termios.h>
 #include <unistd.h>
+
+#ifdef LUNAR_WITH_READLINE
+#include <termios.h>
 
 #include <readline/history.h>
 #include <readline/readline.h>
+#endif
 
 #include <lauxlib.h>
 
 #include "lua_lunar.h"
 #include "vm.h"
+
+#ifdef LUNAR_WITH_READLINE
 
 static void history_path(char *buf, size_t n) {
     const char *p = getenv("LUNAR_HISTORY");
@@ -49,6 +56,34 @@ static int is_cancelled(const char *line) {
     return n > 0 && line[n - 1] == '\003';
 }
 
+/* readline's history (in hist) and key bindings, for a terminal */
+static void editing_start(const char *hist) {
+    using_history();
+    /* a chunk typed over several lines is one history entry: entries are written with a
+     * timestamp line before them, which is what tells the reader where one ends */
+    history_comment_char = '#';
+    history_write_timestamps = 1;
+    history_multiline_entries = 1;
+    /* a nested REPL (lunar.breakpoint from the REPL) keeps the history already loaded */
+    if (history_length == 0 && read_history(hist) != 0)
+        write_history(hist);                            /* create it so append_history works */
+    rl_prep_term_function = prep_terminal;
+    rl_bind_key('\003', cancel_line);
+}
+
+/* a complete chunk (without its last newline) becomes one history entry */
+static void editing_remember(const char *chunk, const char *hist) {
+    HIST_ENTRY *last = history_length > 0 ? history_get(history_base + history_length - 1) : NULL;
+    if (!last || strcmp(last->line, chunk) != 0) {   /* a repeated line is kept once */
+        add_history(chunk);
+        append_history(1, hist);
+    }
+}
+
+static void editing_end(const char *hist) { history_truncate_file(hist, 2000); }
+
+#endif   /* LUNAR_WITH_READLINE */
+
 /* 1 if the chunk failed only because the input ended early (more lines are needed) */
 static int incomplete(lua_State *L, int rc) {
     if (rc != LUA_ERRSYNTAX) return 0;
@@ -61,7 +96,14 @@ static int incomplete(lua_State *L, int rc) {
 
 /* one line without its newline (malloc'd), or NULL at end of input */
 static char *read_line(const char *prompt, int tty) {
+#ifdef LUNAR_WITH_READLINE
     if (tty) return readline(prompt);
+#else
+    if (tty) {
+        fputs(prompt, stdout);
+        fflush(stdout);
+    }
+#endif
     char *line = NULL;
     size_t cap = 0;
     ssize_t n = getline(&line, &cap, stdin);
@@ -95,21 +137,11 @@ static void show_results(lua_State *L, int first) {
 
 void lunar_repl_run(lua_State *L, int env) {
     int tty = isatty(STDIN_FILENO);
+#ifdef LUNAR_WITH_READLINE
     char hist[1024];
     history_path(hist, sizeof hist);
-    if (tty) {
-        using_history();
-        /* a chunk typed over several lines is one history entry: entries are written with a
-         * timestamp line before them, which is what tells the reader where one ends */
-        history_comment_char = '#';
-        history_write_timestamps = 1;
-        history_multiline_entries = 1;
-        /* a nested REPL (lunar.breakpoint from the REPL) keeps the history already loaded */
-        if (history_length == 0 && read_history(hist) != 0)
-            write_history(hist);                            /* create it so append_history works */
-        rl_prep_term_function = prep_terminal;
-        rl_bind_key('\003', cancel_line);
-    }
+    if (tty) editing_start(hist);
+#endif
     if (env < 0) env = lua_gettop(L) + env + 1;
     size_t cap = 4096, len = 0;
     char *buf = malloc(cap);
@@ -121,12 +153,14 @@ void lunar_repl_run(lua_State *L, int env) {
             if (tty) fputc('\n', stdout);
             break;
         }
+#ifdef LUNAR_WITH_READLINE
         if (tty && is_cancelled(line)) {                    /* ^C: drop the pending input */
             free(line);
             len = 0;
             buf[0] = 0;
             continue;
         }
+#endif
         if (len == 0 && line[0] == 0) { free(line); continue; }
         size_t ln = strlen(line);
         if (len + ln + 2 > cap) {
@@ -157,14 +191,12 @@ void lunar_repl_run(lua_State *L, int env) {
             lua_pop(L, 1);
             continue;
         }
+#ifdef LUNAR_WITH_READLINE
         if (tty) {
             buf[len - 1] = 0;
-            HIST_ENTRY *last = history_length > 0 ? history_get(history_base + history_length - 1) : NULL;
-            if (!last || strcmp(last->line, buf) != 0) {   /* a repeated line is kept once */
-                add_history(buf);
-                append_history(1, hist);
-            }
+            editing_remember(buf, hist);
         }
+#endif
         len = 0;
         buf[0] = 0;
         if (rc != 0) {
@@ -186,5 +218,7 @@ void lunar_repl_run(lua_State *L, int env) {
         fflush(stdout);
     }
     free(buf);
-    if (tty) history_truncate_file(hist, 2000);
+#ifdef LUNAR_WITH_READLINE
+    if (tty) editing_end(hist);
+#endif
 }

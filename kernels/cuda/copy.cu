@@ -3,6 +3,8 @@
 // Conversions use the same inline functions as the CPU (lunar/dtype.h), so casts give the same
 // bits on both backends. Each thread handles one destination element and unravels its index
 // over the (at most 8) dims; strides may be 0 on the source (broadcast).
+#include <cmath>
+
 #include "common.cuh"
 
 struct copy_layout {
@@ -125,12 +127,13 @@ extern "C" lunar_status lunar_cuda_copy(lunar_ctx *ctx, lunar_tensor *dst, const
     return LUNAR_OK;
 }
 
+// fill and arange store the f64 value directly (lunar_dtype_store on the CPU), never through f32
 __global__ void fill_kernel(char *p, int dt, int64_t n, double v) {
-    LUNAR_GRID_STRIDE(i, n) store_from_f64(dt, p, i, v, 0, dt != LUNAR_DTYPE_I32 && dt != LUNAR_DTYPE_I64);
+    LUNAR_GRID_STRIDE(i, n) store_from_f64(dt, p, i, v, 0, 0);
 }
 
 __global__ void arange_kernel(char *p, int dt, int64_t n, double start, double step) {
-    LUNAR_GRID_STRIDE(i, n) store_from_f64(dt, p, i, start + (double)i * step, 0, 0);
+    LUNAR_GRID_STRIDE(i, n) store_from_f64(dt, p, i, lunar_hd_mul_add((double)i, step, start), 0, 0);
 }
 
 extern "C" lunar_status lunar_cuda_fill(lunar_ctx *ctx, lunar_tensor *t, double value) {
@@ -139,7 +142,7 @@ extern "C" lunar_status lunar_cuda_fill(lunar_ctx *ctx, lunar_tensor *t, double 
     cudaStream_t stream;
     lunar_status st = lunar_cuda_stream_for(ctx, t, &stream);
     if (st != LUNAR_OK) return st;
-    if (value == 0.0) {
+    if (value == 0.0 && !std::signbit(value)) {   // all-zero bytes in every dtype (-0.0 is not)
         LUNAR_CUDA_CHECK(ctx, cudaMemsetAsync(lunar_tensor_data(t), 0, lunar_tensor_nbytes(t), stream));
         return LUNAR_OK;
     }

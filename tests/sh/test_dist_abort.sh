@@ -2,6 +2,18 @@
 # An error raised on one rank ends the whole job with that rank's message, quickly, instead of
 # leaving the other ranks waiting in a collective. Usage: test_dist_abort.sh LUNAR_BIN
 LUNAR=${1:?usage: $0 LUNAR_BIN}
+# A lunar built without MPI (LUNAR_BUILT_WITHOUT names mpi, set by ctest) refuses a launcher's
+# world of several ranks at once, with a message that says why.
+case ",${LUNAR_BUILT_WITHOUT:-}," in *,mpi,*)
+    msg=$(OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_RANK=0 "$LUNAR" -e 'print(require("lunar").dist.rank())' 2>&1)
+    rc=$?
+    if [ "$rc" -ne 1 ] || ! echo "$msg" | grep -q 'launcher with 4 ranks, but this lunar was built without MPI'; then
+        echo "FAIL  no-MPI build under a launcher: rc $rc, output: $msg"
+        exit 1
+    fi
+    echo "ok    built without MPI: a launcher's world is refused ($msg)"
+    exit 0
+esac
 command -v mpirun >/dev/null 2>&1 || { echo "mpirun not found: skipped"; exit 77; }
 OUT=$(mktemp)
 trap 'rm -f "$OUT"' EXIT

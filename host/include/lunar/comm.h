@@ -5,7 +5,13 @@
  * that the group creates on its first CUDA collective (rank 0 of the group makes the NCCL id and
  * broadcasts it over MPI), on the tensor's stream. A process that was not started by a launcher
  * (no OMPI_COMM_WORLD_SIZE / PMI_SIZE / PMIX_RANK in the environment) gets a single-rank world
- * made without calling MPI at all, so `lunar script.lua` never needs mpirun.
+ * made without calling MPI at all, so `lunar script.lua` never needs mpirun. A lunar built
+ * without MPI (LUNAR_WITH_MPI off) only has that world; under a launcher with several ranks its
+ * init fails with a message saying so.
+ *
+ * On a group of one member every collective is done locally (a copy at most), with one
+ * exception: after lunar_comm_nccl_init, CUDA tensors go through the group's one-rank NCCL
+ * communicator (created from a local id, without MPI), which lets a single GPU test NCCL.
  *
  * Every operation is collective over the group: all members call it, in the same order, with
  * tensors of the same dtype and device and matching shapes. With checks on (the default), each
@@ -80,11 +86,15 @@ const int  *lunar_comm_world_ranks(const lunar_comm *c);
 /* Rank among the processes on this node (launcher environment, else an MPI shared-memory split). */
 int         lunar_comm_local_rank(const lunar_comm *c);
 int         lunar_comm_uses_mpi(const lunar_comm *c);
+/* 1 once the group has an NCCL communicator (after its first CUDA collective, or nccl_init). */
+int         lunar_comm_uses_nccl(const lunar_comm *c);
 /* Cross-rank signature checks before each collective (default on; inherited by splits). */
 void        lunar_comm_set_checks(lunar_comm *c, int on);
 int         lunar_comm_checks(const lunar_comm *c);
 /* Creates the NCCL communicator of the group for a CUDA device now (otherwise it is made on the
- * first CUDA collective). Collective. LUNAR_ERR_UNSUPPORTED in builds without CUDA. */
+ * first CUDA collective of a group of several). Collective. On a group of one, CUDA collectives
+ * go through NCCL from then on instead of local copies. LUNAR_ERR_UNSUPPORTED in builds
+ * without CUDA. */
 lunar_status lunar_comm_nccl_init(lunar_ctx *ctx, lunar_comm *c, int device);
 
 /* ---- collectives (ctx, group, outputs, inputs, scalars) -------------------------------------- */

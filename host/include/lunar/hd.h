@@ -9,4 +9,14 @@
 #define LUNAR_HD static inline
 #endif
 
+/* a * b + c with two roundings, as the C host computes it: nvcc would contract the expression
+ * into one fused multiply-add in device code and round once, giving different bits. */
+LUNAR_HD double lunar_hd_mul_add(double a, double b, double c) {
+#if defined(__CUDA_ARCH__)
+    return __dadd_rn(__dmul_rn(a, b), c);
+#else
+    return a * b + c;
+#endif
+}
+
 #endif

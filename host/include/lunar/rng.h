@@ -62,7 +62,7 @@ LUNAR_HD double lunar_rng_u01(uint32_t hi, uint32_t lo) {   /* 53 random bits ->
     return (double)b * (1.0 / 9007199254740992.0);
 }
 LUNAR_HD double lunar_rng_uniform_value(const uint32_t w[4], double lo, double hi) {
-    return lo + (hi - lo) * lunar_rng_u01(w[0], w[1]);
+    return lunar_hd_mul_add(hi - lo, lunar_rng_u01(w[0], w[1]), lo);   /* lo + (hi - lo) * u, unfused */
 }
 LUNAR_HD double lunar_rng_normal_value(const uint32_t w[4], double mean, double std) {
     double u1 = 1.0 - lunar_rng_u01(w[0], w[1]);   /* (0, 1] so the log is finite */
