@@ -73,7 +73,7 @@ static int l_list(lua_State *L) {
         n++;
     }
     closedir(d);
-    if (!oom) qsort(names, n, sizeof *names, cmp_str);
+    if (!oom && n > 1) qsort(names, n, sizeof *names, cmp_str);
     /* the strings are freed before anything can raise */
     if (!oom) {
         lua_createtable(L, (int)n, 0);
