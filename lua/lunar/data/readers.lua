@@ -24,7 +24,8 @@
 --     fn(row) -> ids (a Lua list or a tensor of token ids) [, mask (list of 0/1, 1 = a token to
 --     predict)]; docs[i] = {ids =, mask =, file =, line =, row = row}. Rejected: too_long (more
 --     than max_len tokens when overlong = 'drop', the default), empty (no token), tokenize_error
---     (fn raised; the message is the detail).
+--     (fn raised; the message is the detail). With report = the reader's report, rejected rows
+--     move from its good count to its bad counts.
 --
 -- paths: a file name or a list of them. Line numbers are 1-based lines of the file (blank lines
 -- count). Every reader returns the report it filled (lunar.data.report); pass `report` to
@@ -277,7 +278,14 @@ end
 
 function M.tokenize(rows, fn, opts)
     opts = opts or {}
+    -- a report passed in is the reader's: its rows were counted good there, and a row rejected
+    -- here moves to bad; a fresh report counts this stage's rows
     local rep = opts.report or report.new{show = opts.show, name = 'tokenize'}
+    local continued = opts.report ~= nil
+    local function bad(...)
+        if continued then rep:ungood() end
+        rep:bad(...)
+    end
     local max_len, overlong = opts.max_len, opts.overlong or 'drop'
     if overlong ~= 'drop' and overlong ~= 'truncate' then
         fail(("tokenize: overlong must be 'drop' or 'truncate', got %s"):format(tostring(overlong)))
@@ -286,18 +294,18 @@ function M.tokenize(rows, fn, opts)
     for _, row in ipairs(rows) do
         local ok, ids, mask = pcall(fn, row)
         if not ok then
-            rep:bad('tokenize_error', row.file, row.line, tostring(ids))
+            bad('tokenize_error', row.file, row.line, tostring(ids))
         else
             if tensor.is_tensor(ids) then ids = ids:tolist_flat() end
             if tensor.is_tensor(mask) then mask = mask:tolist_flat() end
             if type(ids) ~= 'table' then
-                rep:bad('tokenize_error', row.file, row.line, 'the tokenize function returned a ' .. type(ids))
+                bad('tokenize_error', row.file, row.line, 'the tokenize function returned a ' .. type(ids))
             elseif mask and #mask ~= #ids then
-                rep:bad('tokenize_error', row.file, row.line, ('%d ids but %d mask values'):format(#ids, #mask))
+                bad('tokenize_error', row.file, row.line, ('%d ids but %d mask values'):format(#ids, #mask))
             elseif #ids == 0 then
-                rep:bad('empty', row.file, row.line, 'no tokens')
+                bad('empty', row.file, row.line, 'no tokens')
             elseif max_len and #ids > max_len and overlong == 'drop' then
-                rep:bad('too_long', row.file, row.line, ('%d tokens > max_len %d'):format(#ids, max_len))
+                bad('too_long', row.file, row.line, ('%d tokens > max_len %d'):format(#ids, max_len))
             else
                 if max_len and #ids > max_len then
                     local ci, cm = {}, mask and {}
@@ -309,7 +317,7 @@ function M.tokenize(rows, fn, opts)
                     rep.truncated = (rep.truncated or 0) + 1
                 end
                 docs[#docs + 1] = {ids = ids, mask = mask, file = row.file, line = row.line, row = row}
-                rep:good()
+                if not continued then rep:good() end
             end
         end
     end
