@@ -181,11 +181,15 @@ function Model:targets(batch, b, shift)
         tg:narrow(2, 1, T - shift):copy_(labels:narrow(2, 1 + shift, T - shift))
     end
     if b.cu_seqlens then
-        local cu = b.cu_seqlens:to('cpu'):tolist_flat()
-        for d = 2, #cu do
-            for k = 1, shift do
-                local last = cu[d] - k           -- 0-based position; targets past the doc end
-                if last >= cu[d - 1] then tg:set(1, last + 1, -100) end
+        -- one tensor (B = 1) or a list of B tensors, one per row (as masks.build takes them)
+        local rows = tensor.is_tensor(b.cu_seqlens) and {b.cu_seqlens} or b.cu_seqlens
+        for r, row_cu in ipairs(rows) do
+            local cu = row_cu:to('cpu'):tolist_flat()
+            for d = 2, #cu do
+                for k = 1, shift do
+                    local last = cu[d] - k           -- 0-based position; targets past the doc end
+                    if last >= cu[d - 1] then tg:set(r, last + 1, -100) end
+                end
             end
         end
     end

@@ -1,0 +1,103 @@
+-- lunar.data.report: counting bad rows of a data source per reason, with where they are.
+--
+--   local rep = data.report{show = 5}       -- keep the first `show` locations of each reason
+--   rep:good()                              -- one accepted row
+--   rep:bad(reason, file, line, detail)     -- one rejected row ('invalid_json', 'missing_field', ...)
+--   rep.counts[reason], rep.n_bad, rep.n_good
+--   rep:where(reason)                       -- {{file=, line=, detail=}, ...} (the first `show`)
+--   rep:lines(reason)                       -- {line, ...} of those
+--   rep:summary()                           -- text: one line per reason, with the first locations
+--   rep:print([stream])                     -- the summary to stderr (nothing when there is no bad row)
+--   rep:merge(other)                        -- add another report's counts and locations
+--
+-- Readers never raise for a bad row: they count it here and go on. Reasons are reported in
+-- sorted order so the text is deterministic.
+local M = {}
+
+local Report = {}
+Report.__index = Report
+
+function M.new(opts)
+    opts = opts or {}
+    return setmetatable({counts = {}, examples = {}, n_bad = 0, n_good = 0, show = opts.show or 5,
+        name = opts.name}, Report)
+end
+
+function Report:good(n)
+    self.n_good = self.n_good + (n or 1)
+end
+
+function Report:bad(reason, file, line, detail)
+    self.counts[reason] = (self.counts[reason] or 0) + 1
+    self.n_bad = self.n_bad + 1
+    local ex = self.examples[reason]
+    if not ex then
+        ex = {}
+        self.examples[reason] = ex
+    end
+    if #ex < self.show then ex[#ex + 1] = {file = file, line = line, detail = detail} end
+end
+
+-- Take back one good row (a later stage rejected a row an earlier stage accepted).
+function Report:ungood(n)
+    self.n_good = self.n_good - (n or 1)
+end
+
+function Report:where(reason) return self.examples[reason] or {} end
+
+function Report:lines(reason)
+    local out = {}
+    for i, e in ipairs(self:where(reason)) do out[i] = e.line end
+    return out
+end
+
+function Report:reasons()
+    local r = {}
+    for k in pairs(self.counts) do r[#r + 1] = k end
+    table.sort(r)
+    return r
+end
+
+function Report:merge(other)
+    for _, reason in ipairs(other:reasons()) do
+        for _, e in ipairs(other:where(reason)) do
+            local ex = self.examples[reason] or {}
+            self.examples[reason] = ex
+            if #ex < self.show then ex[#ex + 1] = e end
+        end
+        self.counts[reason] = (self.counts[reason] or 0) + other.counts[reason]
+    end
+    self.n_bad = self.n_bad + other.n_bad
+    self.n_good = self.n_good + other.n_good
+    return self
+end
+
+local function loc(e)
+    local s = (e.file or '?') .. (e.line and (':' .. e.line) or '')
+    if e.detail then s = s .. ' (' .. e.detail .. ')' end
+    return s
+end
+
+function Report:summary()
+    local head = ('%s%d rows accepted, %d rejected'):format(self.name and (self.name .. ': ') or '', self.n_good,
+        self.n_bad)
+    local out = {head}
+    for _, reason in ipairs(self:reasons()) do
+        local n = self.counts[reason]
+        local locs = {}
+        for i, e in ipairs(self:where(reason)) do locs[i] = loc(e) end
+        local more = n > #locs and (', and %d more'):format(n - #locs) or ''
+        out[#out + 1] = ('  %s: %d  e.g. %s%s'):format(reason, n, table.concat(locs, '; '), more)
+    end
+    return table.concat(out, '\n')
+end
+
+function Report:print(stream)
+    if self.n_bad == 0 then return end
+    stream = stream or io.stderr
+    stream:write(self:summary(), '\n')
+end
+
+Report.__tostring = Report.summary
+
+return M
