@@ -2,7 +2,7 @@
 --   f32, every case: the same tolerances as on CPU (logits max error / max logit < 1e-5, loss
 --        < 1e-6 relative, every gradient < 1e-4 relative L2; glm5_bf16 has no grad.* entries);
 --   bf16 parameters and activations, on glm5_bf16 (the fixture sized for it: 256 scored
---        positions; the six small cases are knife-edge DSA/router fixtures for f32 parity, where
+--        positions, a briefly trained model with clear top-1 margins; the six small cases are knife-edge DSA/router fixtures for f32 parity, where
 --        one flipped token of 20 is 5%): top-1 agreement with HF's f32 logits >= 99%, printed with
 --        the logits' relative L2 error and transformers' own bf16 run of the same weights (the
 --        fixture's metadata hf_bf16) as the baseline (NeMo AutoModel reports 96.61% top-1 and

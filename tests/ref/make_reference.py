@@ -12,7 +12,7 @@ Each case directory gets:
   config.json, generation_config.json, model.safetensors   as HF save_pretrained writes them
   reference.safetensors                                     inputs and HF outputs, see the README
 
-Everything is fp32 (glm5_bf16 adds HF's own bf16 run of the same weights), eager attention,
+Everything is fp32 (glm5_bf16 is briefly trained first and adds HF's own bf16 run), eager attention,
 eager experts, model.eval(), explicit position_ids, use_cache=False, one CPU thread, fixed seeds,
 so a re-run reproduces the same bytes on the same torch/transformers versions.
 """
@@ -752,10 +752,53 @@ def agreement(logits, ref):
     return float(a), float(rel)
 
 
+# the learnable sequence task glm5_bf16 is briefly trained on (and whose samples are its inputs)
+BF16_TASK_P_RANDOM = 0.15   # share of positions holding a uniformly random token
+BF16_TRAIN_STEPS = 300      # Adam steps, lr BF16_TRAIN_LR, BF16_TRAIN_BATCH fresh sequences each
+BF16_TRAIN_LR = 3e-3
+BF16_TRAIN_BATCH = 16
+
+
+def chain_sequences(n, S, perm, p_random, gen):
+    """n sequences of S tokens: a random first token, then each token is perm[previous token]
+    (a fixed random permutation of the vocabulary: a learnable bigram chain), except that with
+    probability p_random a position holds a uniformly random token instead (the chain continues
+    from it). Such positions cannot be predicted, so the task is not trivial; every position's
+    most likely next token is still perm[current token], so a trained model has clear top-1s."""
+    V = perm.shape[0]
+    x = torch.empty(n, S, dtype=torch.int64)
+    x[:, 0] = torch.randint(0, V, (n,), generator=gen)
+    rnd = torch.rand(n, S, generator=gen) < p_random
+    tok = torch.randint(0, V, (n, S), generator=gen)
+    for t in range(1, S):
+        x[:, t] = torch.where(rnd[:, t], tok[:, t], perm[x[:, t - 1]])
+    return x
+
+
+def train_briefly_(model, S, perm, gen):
+    """BF16_TRAIN_STEPS of Adam in fp32 on fresh chain_sequences batches (labels = inputs, HF's
+    shifted mean CE), model in eval mode (no dropout anyway); deterministic (one thread,
+    deterministic algorithms, generator-driven data). Returns the last training losses."""
+    opt = torch.optim.Adam(model.parameters(), lr=BF16_TRAIN_LR)
+    pos = torch.arange(S).unsqueeze(0).expand(BF16_TRAIN_BATCH, S).contiguous()
+    losses = []
+    for _ in range(BF16_TRAIN_STEPS):
+        x = chain_sequences(BF16_TRAIN_BATCH, S, perm, BF16_TASK_P_RANDOM, gen)
+        out = model(input_ids=x, position_ids=pos, labels=x, use_cache=False)
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        opt.step()
+        losses.append(float(out.loss.detach()))
+    model.zero_grad(set_to_none=True)
+    return losses
+
+
 def case_glm5_bf16():
     """A larger GLM-5 model for measuring bf16 agreement (lunar bf16 vs HF f32, and HF's own bf16
-    run as the baseline). index_topk 48 of 64 keys: DSA drops keys for queries 48..63 of every
-    row, with ordinary score gaps rather than the knife-edge ones of glm5_dsa. No grad.* (size)."""
+    run as the baseline), briefly trained (train_briefly_) on a bigram-chain task with 15% random
+    tokens so its next-token predictions have clear margins (random weights give flat logits whose
+    top-1 no bf16 run can reproduce at 99%). index_topk 48 of 64 keys: DSA drops keys for queries
+    48..63 of every row. The inputs are fresh samples of the task. No grad.* (size)."""
     B, S, K_IDX = 4, 64, 48
     cfg = glm5_config(vocab_size=256, hidden_size=64, intermediate_size=32, moe_intermediate_size=16,
                       num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2,
@@ -769,7 +812,9 @@ def case_glm5_bf16():
         torch.manual_seed(seed)
         model = build_model(GlmMoeDsaForCausalLM, cfg)
         randomize_(model, gen)
-        ids = torch.randint(0, cfg.vocab_size, (B, S), generator=gen)
+        perm = torch.randperm(cfg.vocab_size, generator=gen)
+        losses = train_briefly_(model, S, perm, gen)
+        ids = chain_sequences(B, S, perm, BF16_TASK_P_RANDOM, gen)
         pos = torch.arange(S).unsqueeze(0).expand(B, S).contiguous()
         labels = ids.clone()
         cap = Capture(model.model.layers)
@@ -817,8 +862,33 @@ def case_glm5_bf16():
         with torch.no_grad():
             lp = m16p(input_ids=ids, position_ids=pos, use_cache=False).logits.float()
         hf16["plain_cast_top1_agreement"], hf16["plain_cast_logits_rel_l2"] = agreement(lp, t["logits"])
+        assert top1 >= 0.99, f"glm5_bf16: HF-bf16 top-1 agreement {top1} after training (raise BF16_TRAIN_STEPS)"
+        # the trained model: its task, its margins, and that DSA and routing still matter
+        lg = t["logits"]
+        top2 = lg.topk(2, dim=-1)[0]
+        margin = (top2[..., 0] - top2[..., 1]).flatten()
+        nxt = ids[:, 1:]
+        dense = copy.deepcopy(model)
+        for layer in dense.model.layers:
+            if layer.self_attn.indexer is not None:
+                layer.self_attn.indexer.index_topk = S
+        with torch.no_grad():
+            ld = dense(input_ids=ids, position_ids=pos, use_cache=False).logits
+        usage = {str(li): torch.bincount(cap.routing[li][2].flatten(), minlength=cfg.n_routed_experts).tolist()
+                 for li in sorted(cap.routing)}
+        training = {"task": "bigram chain x[t] = perm[x[t-1]] over a fixed random permutation of the vocabulary, "
+                            f"a uniformly random token instead with probability {BF16_TASK_P_RANDOM}",
+                    "optimizer": "Adam", "lr": BF16_TRAIN_LR, "steps": BF16_TRAIN_STEPS,
+                    "batch": [BF16_TRAIN_BATCH, S], "initial_loss": losses[0],
+                    "final_loss_mean_last_10": sum(losses[-10:]) / 10,
+                    "input_tokens_off_chain": int((ids[:, 1:] != perm[ids[:, :-1]]).sum()),
+                    "f32_top1_predicts_next_token": float((lg[:, :-1].argmax(-1) == nxt).double().mean()),
+                    "f32_top1_margin_median": float(margin.median()), "f32_top1_margin_min": float(margin.min()),
+                    "dense_attention_logits_rel_l2": agreement(ld, lg)[1],
+                    "dense_attention_top1_agreement": agreement(ld, lg)[0],
+                    "router_tokens_per_expert": usage}
         return {"model": model, "tensors": t,
-                "meta": {"dsa": ds, "router": rs, "grads_omitted": True, "hf_bf16": hf16}}
+                "meta": {"dsa": ds, "router": rs, "grads_omitted": True, "hf_bf16": hf16, "training": training}}
 
     return try_seeds(build, "glm5_bf16")
 
@@ -1042,7 +1112,7 @@ def main():
               f"{'omitted' if res['fd_worst_rel'] is None else format(res['fd_worst_rel'], '.1e')}")
         if res.get("hf_bf16_reload") is not None:
             print(f"    from_pretrained(dtype=bfloat16) reproduces logits_hf_bf16: max|d| {res['hf_bf16_reload']:.1e}")
-        for k in ("dsa", "router", "hf_bf16", "hf_packed_vs_separate", "padded_row_vs_unpadded_run_max_abs",
+        for k in ("dsa", "router", "hf_bf16", "training", "hf_packed_vs_separate", "padded_row_vs_unpadded_run_max_abs",
                   "tied_pad_row_grad_is_lm_head_part_only_rel_err"):
             if k in m:
                 print(f"    {k}: {m[k]}")
