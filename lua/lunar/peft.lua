@@ -30,7 +30,11 @@
 -- File format (PEFT's): adapter_model.safetensors holds base_model.model.<module>.lora_A.weight
 -- (r, in) and .lora_B.weight (out, r); adapter_config.json has peft_type LORA, r, lora_alpha,
 -- lora_dropout, target_modules, use_rslora, ... Routed experts are written per expert
--- (mlp.experts.<e>.gate_proj), the layout PEFT converts onto transformers 5's fused experts.
+-- (mlp.experts.<e>.gate_proj), the layout PEFT converts onto transformers 5's fused experts;
+-- PEFT can load them only for every expert of a layer, gate_proj together with up_proj, and with
+-- lora_dropout 0 (which save writes when experts are adapted). PEFT 0.21.2 also drops adapters on
+-- dense MLPs and shared experts in that conversion (huggingface/peft#3711); lunar writes those
+-- by full module name, the form the proposed fix keeps.
 local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local io = require 'lunar.io'
@@ -194,7 +198,7 @@ local function target_modules(store, set, cfg)
     return out
 end
 
--- peft.save(model, dir[, {base_model_name_or_path =, dtype =}])
+-- peft.save(model, dir[, {base_model_name_or_path =, dtype =, lora_dropout =}])
 function M.save(model, dir, o)
     o = o or {}
     local store, m = store_of(model)
@@ -213,6 +217,12 @@ function M.save(model, dir, o)
         tensors[PREFIX .. ad.a_name] = A:to(o.dtype or A:dtype(), 'cpu')
         tensors[PREFIX .. ad.b_name] = B:to(o.dtype or B:dtype(), 'cpu')
     end
+    -- PEFT wraps transformers 5's fused experts in a ParamWrapper, which refuses lora_dropout != 0:
+    -- with routed experts adapted the file says 0 (dropout only matters in training) unless
+    -- opts.lora_dropout says otherwise
+    local has_experts = false
+    for _, name in ipairs(set.order) do if name:find('%.experts%.%d+%.') then has_experts = true break end end
+    if o.lora_dropout ~= nil then p = o.lora_dropout elseif has_experts then p = 0 end
     local base = o.base_model_name_or_path or (set.config and set.config.base_model_name_or_path)
         or (m and m.source and m.source.path) or io.null
     local cfg = {
