@@ -1,5 +1,8 @@
 -- lunar.nn.Linear: y = x W^T (+ b), W stored [out, in] like torch. x (N, in) -> y (N, out).
+-- With a LoRA adapter on this module in the store (lunar.nn.lora), y also gets the low-rank
+-- path s * dropout(x) A^T B^T, and backward its gradients.
 local ops = require 'lunar.ops'
+local lora = require 'lunar.nn.lora'
 
 local Linear = {}
 Linear.__index = Linear
@@ -16,6 +19,8 @@ function Linear:weight() return self.store:get(self.wname) end
 function Linear:forward(x)
     local y = ops.gemm(x, self.store:get(self.wname), {trans_b = true})
     if self.bname then ops.add_(y, self.store:get(self.bname)) end
+    local ad = self.store:adapter(self.name)
+    if ad then return y, {x = x, lora = lora.forward(ad, x, y), ad = ad} end
     return y, {x = x}
 end
 
@@ -28,8 +33,13 @@ function Linear:backward(dy, saved, need_dx)
         local gb = self.store:grad(self.bname)
         if gb then ops.add_(gb, ops.sum(dy, 1)) end
     end
-    if need_dx == false then return nil end
-    return ops.gemm(dy, W)
+    if need_dx == false then
+        if saved.lora then lora.backward(saved.ad, dy, saved.lora, saved.x, nil, 'params') end
+        return nil
+    end
+    local dx = ops.gemm(dy, W)
+    if saved.lora then lora.backward(saved.ad, dy, saved.lora, saved.x, dx) end
+    return dx
 end
 
 return Linear

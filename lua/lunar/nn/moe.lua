@@ -29,10 +29,15 @@
 --
 -- Routing replay (R3): opts.replay_idx (N, K) gives the expert ids to use; the weights are still
 -- computed from the current router at those ids, so the router gets its gradient.
+--
+-- LoRA: an expert projection with an adapter in the store (store:adapter(
+-- '<name>.experts.<e>.gate_proj'), lunar.nn.lora) adds its low-rank path to that expert's block
+-- of rows; the shared experts are a lunar.nn.MLP, whose Linears do the same.
 local core = require 'lunar.core'
 local ops = require 'lunar.ops'
 local tensor = require 'lunar.tensor'
 local MLP = require 'lunar.nn.mlp'
+local lora = require 'lunar.nn.lora'
 
 local fail = tensor.fail
 
@@ -149,9 +154,11 @@ function MoE.new(store, name, cfg, opts)
         router_name = name .. '.gate.weight',
         bias_name = name .. '.gate.e_score_correction_bias',
         gate_names = {}, up_names = {}, down_names = {},
+        gate_mods = {}, up_mods = {}, down_mods = {},     -- module names (LoRA adapters)
     }, MoE)
     for e = 0, rc.E - 1 do
         local p = name .. '.experts.' .. e
+        self.gate_mods[e], self.up_mods[e], self.down_mods[e] = p .. '.gate_proj', p .. '.up_proj', p .. '.down_proj'
         self.gate_names[e] = p .. '.gate_proj.weight'
         self.up_names[e] = p .. '.up_proj.weight'
         self.down_names[e] = p .. '.down_proj.weight'
@@ -215,21 +222,30 @@ function MoE:forward(x, opts)
 
     local out = core.empty({N, H}, dt, dev):fill_(0)
     local G, U
+    local ls = store.lora and {gate = {}, up = {}, down = {}} or nil    -- LoRA saved state per expert
     if NK > 0 then
         local xs = ops.index_select(x, 1, tok)                        -- (NK, H)
         G = core.empty({NK, Im}, dt, dev)
         U = core.empty({NK, Im}, dt, dev)
         for _, h in ipairs(hits) do
             local xe = xs:narrow(1, h.off, h.n)
-            ops.gemm(xe, store:get(self.gate_names[h.e]), {trans_b = true, out = G:narrow(1, h.off, h.n)})
-            ops.gemm(xe, store:get(self.up_names[h.e]), {trans_b = true, out = U:narrow(1, h.off, h.n)})
+            local Gb, Ub = G:narrow(1, h.off, h.n), U:narrow(1, h.off, h.n)
+            ops.gemm(xe, store:get(self.gate_names[h.e]), {trans_b = true, out = Gb})
+            ops.gemm(xe, store:get(self.up_names[h.e]), {trans_b = true, out = Ub})
+            if ls then
+                local ag, au = store:adapter(self.gate_mods[h.e]), store:adapter(self.up_mods[h.e])
+                if ag then ls.gate[h.e] = lora.forward(ag, xe, Gb) end
+                if au then ls.up[h.e] = lora.forward(au, xe, Ub) end
+            end
         end
         xs:free()
         local A = activate(self.act, G, U)
         local Y = core.empty({NK, H}, dt, dev)
         for _, h in ipairs(hits) do
-            ops.gemm(A:narrow(1, h.off, h.n), store:get(self.down_names[h.e]),
-                     {trans_b = true, out = Y:narrow(1, h.off, h.n)})
+            local Ab, Yb = A:narrow(1, h.off, h.n), Y:narrow(1, h.off, h.n)
+            ops.gemm(Ab, store:get(self.down_names[h.e]), {trans_b = true, out = Yb})
+            local ad = ls and store:adapter(self.down_mods[h.e])
+            if ad then ls.down[h.e] = lora.forward(ad, Ab, Yb) end
         end
         A:free()
         ops.mul(Y, wsorted, {out = Y})
@@ -238,7 +254,7 @@ function MoE:forward(x, opts)
     end
 
     local saved = {x = x, x32 = x32, idx = idx, sk = sk, order = order, tok = tok, wsorted = wsorted,
-                   hits = hits, G = G, U = U, Im = Im}
+                   hits = hits, G = G, U = U, Im = Im, lora = ls}
     if self.shared then
         local ys, ss = self.shared:forward(x)
         ops.add_(out, ys)
@@ -277,13 +293,29 @@ function MoE:backward(dy, saved, need_dx)
         local dys = ops.index_select(dy, 1, tok)                      -- (NK, H), unscaled
         local A = activate(self.act, saved.G, saved.U)                -- (NK, Im)
         local dA = core.empty({NK, Im}, dt, dev)
+        local ls = saved.lora
         for _, h in ipairs(hits) do
-            ops.gemm(dys:narrow(1, h.off, h.n), store:get(self.down_names[h.e]), {out = dA:narrow(1, h.off, h.n)})
+            local dyb, dAb = dys:narrow(1, h.off, h.n), dA:narrow(1, h.off, h.n)
+            ops.gemm(dyb, store:get(self.down_names[h.e]), {out = dAb})
+            -- the adapter's share of d act (unscaled like dA): dA += mask * (s dy B) A
+            local sv = ls and ls.down[h.e]
+            if sv then lora.backward(store:adapter(self.down_mods[h.e]), dyb, sv, A:narrow(1, h.off, h.n), dAb, 'input') end
         end
-        -- a = <dy, y_unscaled> = <dy W_down, act>
+        -- a = <dy, y_unscaled> = <dy W_down, act> (+ the adapter's part, through dA)
         local prod = ops.mul(dA, A, {out = core.empty({NK, Im}, 'f32', dev)})
         ops.sum(prod, 2, {out = a})
         prod:free()
+        -- the down adapters' parameters see the routing-weighted dy, and the unscaled act
+        if ls then
+            for _, h in ipairs(hits) do
+                local sv = ls.down[h.e]
+                if sv then
+                    local dyw = ops.mul(dys:narrow(1, h.off, h.n), ws:narrow(1, h.off, h.n))
+                    lora.backward(store:adapter(self.down_mods[h.e]), dyw, sv, A:narrow(1, h.off, h.n), nil, 'params')
+                    dyw:free()
+                end
+            end
+        end
         ops.mul(dA, ws, {out = dA})
         ops.mul(A, ws, {out = A})
         for _, h in ipairs(hits) do
@@ -303,10 +335,15 @@ function MoE:backward(dy, saved, need_dx)
             local gg, gu = store:grad(self.gate_names[e]), store:grad(self.up_names[e])
             if gg then ops.gemm(dGe, xe, {trans_a = true, out = gg, beta = 1}) end
             if gu then ops.gemm(dUe, xe, {trans_a = true, out = gu, beta = 1}) end
+            local dxe
             if dXs then
-                local dxe = dXs:narrow(1, o, n)
+                dxe = dXs:narrow(1, o, n)
                 ops.gemm(dGe, store:get(self.gate_names[e]), {out = dxe})
                 ops.gemm(dUe, store:get(self.up_names[e]), {out = dxe, beta = 1})
+            end
+            if ls then
+                if ls.gate[e] then lora.backward(store:adapter(self.gate_mods[e]), dGe, ls.gate[e], xe, dxe) end
+                if ls.up[e] then lora.backward(store:adapter(self.up_mods[e]), dUe, ls.up[e], xe, dxe) end
             end
         end
         dG:free()
@@ -320,6 +357,14 @@ function MoE:backward(dy, saved, need_dx)
     -- experts without tokens: zero gradients exist all the same
     for e = 0, E - 1 do
         store:grad(self.gate_names[e]); store:grad(self.up_names[e]); store:grad(self.down_names[e])
+    end
+    if store.lora then   -- and so do their adapters (PEFT's fused expert adapters always get one)
+        for e = 0, E - 1 do
+            for _, m in ipairs({self.gate_mods[e], self.up_mods[e], self.down_mods[e]}) do
+                local ad = store:adapter(m)
+                if ad then ad.set.params:grad(ad.a_name); ad.set.params:grad(ad.b_name) end
+            end
+        end
     end
 
     -- router: back to the (token, slot) layout, through the normalisation and the sigmoid

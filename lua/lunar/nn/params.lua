@@ -58,6 +58,13 @@ function Params:grad(name)
     return g
 end
 
+-- The LoRA adapter (lunar.nn.lora) of module `name` ("model.layers.0.self_attn.q_a_proj"), or
+-- nil: set when an adapter set is attached to this store (store.lora).
+function Params:adapter(name)
+    local set = self.lora
+    return set and set.modules[name]
+end
+
 function Params:zero_grad()
     for _, g in pairs(self.grads) do g:fill_(0) end
 end
