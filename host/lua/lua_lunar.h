@@ -71,6 +71,7 @@ void lunar_lua_open_rng(lua_State *L);
 void lunar_lua_open_ops(lua_State *L);
 void lunar_lua_open_dist(lua_State *L);
 void lunar_lua_open_io(lua_State *L);
+void lunar_lua_open_tokenizer(lua_State *L);
 
 /* Process-level hooks of lunar.dist used by main.c: rank and world size as launched (from the
  * launcher's environment, before or without MPI init), a clean shutdown, and the abort that ends

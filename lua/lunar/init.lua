@@ -71,8 +71,8 @@ function lunar.synchronize(device) core.synchronize(device) end
 function lunar.memory_stats(device) return core.pool_stats(device) end
 
 -- lunar.dist is loaded on first use (it initialises MPI when launched under mpirun); so are
--- lunar.io (checkpoints, JSON) and lunar.model.
-local lazy = {dist = 'lunar.dist', io = 'lunar.io', model = 'lunar.model'}
+-- lunar.io (checkpoints, JSON), lunar.model and lunar.tokenizer.
+local lazy = {dist = 'lunar.dist', io = 'lunar.io', model = 'lunar.model', tokenizer = 'lunar.tokenizer'}
 setmetatable(lunar, {__index = function(t, k)
     local mod = lazy[k]
     if mod then
