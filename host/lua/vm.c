@@ -99,6 +99,7 @@ static int open_core(lua_State *L) {
     lunar_lua_open_io(L);
     lunar_lua_open_fs(L);
     lunar_lua_open_data(L);
+    lunar_lua_open_tokenizer(L);
     lua_pushstring(L, LUNAR_VERSION);
     lua_setfield(L, -2, "version");
     lua_pushcfunction(L, l_overrides);

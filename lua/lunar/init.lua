@@ -71,9 +71,10 @@ function lunar.synchronize(device) core.synchronize(device) end
 function lunar.memory_stats(device) return core.pool_stats(device) end
 
 -- lunar.dist is loaded on first use (it initialises MPI when launched under mpirun); so are
--- lunar.io (checkpoints, JSON), lunar.model, lunar.data, lunar.optim, lunar.peft, lunar.chat.
+-- lunar.io (checkpoints, JSON), lunar.model, lunar.data, lunar.optim, lunar.peft, lunar.chat,
+-- lunar.tokenizer.
 local lazy = {dist = 'lunar.dist', io = 'lunar.io', model = 'lunar.model', data = 'lunar.data',
-              optim = 'lunar.optim', peft = 'lunar.peft', chat = 'lunar.chat'}
+              optim = 'lunar.optim', peft = 'lunar.peft', chat = 'lunar.chat', tokenizer = 'lunar.tokenizer'}
 setmetatable(lunar, {__index = function(t, k)
     local mod = lazy[k]
     if mod then

@@ -1,6 +1,6 @@
 #!/bin/sh
 # tests/gpu/fetch_deps.sh: downloads (here, on the Debian 12 development machine) the .deb files
-# that the GPU machine lacks to build and run lunar: LuaJIT, cJSON and the OpenMP build of
+# that the GPU machine lacks to build and run lunar: LuaJIT, cJSON, PCRE2 and the OpenMP build of
 # OpenBLAS (runtime and -dev packages), and the GCC runtime libraries OpenBLAS needs
 # (libgfortran5, libquadmath0, libgomp1) in case that image has none. They land in .gpudeps/ at
 # the repository root (ignored by git, about 14 MiB); the device tool carries the folder when
@@ -16,6 +16,7 @@ DEST=.gpudeps
 PKGS="libluajit-5.1-2 libluajit-5.1-common libluajit-5.1-dev
       libcjson1 libcjson-dev
       libopenblas0-openmp libopenblas-openmp-dev
+      libpcre2-8-0 libpcre2-dev
       libgfortran5 libquadmath0 libgomp1"
 
 arch=$(dpkg --print-architecture)

@@ -155,6 +155,7 @@ have_header() {   # have_header PATH...: any of the headers under /usr/include o
 system_has_deps() {
     have_header luajit-2.1/luajit.h || return 1
     have_header cjson/cJSON.h || return 1
+    have_header pcre2.h || return 1
     have_header "$MULTIARCH/openblas-openmp/cblas.h" "$MULTIARCH/openblas-pthread/cblas.h" openblas/cblas.h || return 1
 }
 
@@ -200,7 +201,7 @@ runtime_soname() {
 CMAKE_DEPS=()
 if [ "${LUNAR_FORCE_DEPS_PREFIX:-0}" = 1 ] || ! system_has_deps; then
     [ "${LUNAR_FORCE_DEPS_PREFIX:-0}" = 1 ] && echo "LUNAR_FORCE_DEPS_PREFIX=1: using the private prefix" ||
-        echo "LuaJIT, cJSON or OpenBLAS headers missing on this machine: using the private prefix"
+        echo "LuaJIT, cJSON, PCRE2 or OpenBLAS headers missing on this machine: using the private prefix"
     if ! ls .gpudeps/*.deb >/dev/null 2>&1; then
         echo "no .gpudeps/*.deb: run 'sh tests/gpu/fetch_deps.sh' in the checkout, and carry [\".gpudeps\"]"
         note FAIL "dependencies" "$SECONDS" ".gpudeps/ is empty"
