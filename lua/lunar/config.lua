@@ -49,6 +49,8 @@ end
 
 -- Merge overrides into defaults (a copy is returned). A key that defaults does not have is an
 -- error naming the full dotted key, unless defaults marks the table open with `__open = true`.
+-- A default of `false` means "unset, any type" (e.g. an optional table); other defaults fix the
+-- type of their key, and overriding any key with false unsets it.
 function M.merge(defaults, overrides, prefix)
     local out = {}
     for k, v in pairs(defaults) do
@@ -66,7 +68,7 @@ function M.merge(defaults, overrides, prefix)
         if type(cur) == 'table' and type(v) == 'table' and #cur == 0 then
             out[k] = M.merge(cur, v, name)
         else
-            if cur ~= nil and type(cur) ~= type(v) then
+            if cur ~= nil and cur ~= false and v ~= false and type(cur) ~= type(v) then
                 error(('config key %q expects a %s, got %s %q'):format(name, type(cur), type(v), tostring(v)), 2)
             end
             out[k] = v

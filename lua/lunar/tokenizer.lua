@@ -22,9 +22,18 @@ local function fail(msg) error(core.user_where() .. msg, 0) end
 local Tokenizer = {}
 Tokenizer.__index = Tokenizer
 
+-- tok.eos: the id of the end-of-text token ('<|endoftext|>' in GLM's vocabularies; else
+-- '</s>' or '<|eos|>'), nil when the vocabulary has none. Documents end with it in pretraining.
+local EOS_CANDIDATES = {'<|endoftext|>', '</s>', '<|eos|>', '<eos>'}
+
 function M.load(path)
     if type(path) ~= 'string' then fail('tokenizer.load: expected a path, got ' .. type(path)) end
-    return setmetatable({_t = core.tokenizer_load(path)}, Tokenizer)
+    local tok = setmetatable({_t = core.tokenizer_load(path)}, Tokenizer)
+    for _, s in ipairs(EOS_CANDIDATES) do
+        local id = tok._t:token_to_id(s)
+        if id then tok.eos = id break end
+    end
+    return tok
 end
 
 local function check_opts(opts, what, allowed)

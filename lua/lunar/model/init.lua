@@ -105,15 +105,17 @@ function M.load(dir, opts)
     return model
 end
 
--- model:save_hf(dir, {dtype=, max_shard_bytes=, metadata=}): config.json + safetensors.
--- Without dtype every tensor keeps the dtype it was loaded in (new models: its own dtype).
+-- model:save_hf(dir, {dtype=, keep_dtype=, max_shard_bytes=, metadata=}): config.json +
+-- safetensors. Without dtype every tensor keeps the dtype it was loaded in (new models: its own
+-- dtype); keep_dtype writes every tensor in its dtype in memory (training checkpoints: the
+-- weights a resumed run continues from, bit for bit).
 function glm.Model:save_hf(dir, opts)
     opts = opts or {}
     local src = self.source or {dtypes = {}, fused = {}}
     local out = {}
     for name in self.params:names() do
         local t = self.params:get(name)
-        local dt = opts.dtype or src.dtypes[name] or t:dtype()
+        local dt = opts.dtype or (not opts.keep_dtype and src.dtypes[name]) or t:dtype()
         if name:find('e_score_correction_bias', 1, true) then dt = src.dtypes[name] or 'f32' end
         out[name] = t:to(dt, 'cpu')
     end

@@ -1,0 +1,189 @@
+-- lunar.train.trainer: the training loop behind recipes/pretrain.lua, sft.lua and lora.lua.
+--
+--   local trainer = require 'lunar.train.trainer'
+--   local result = trainer.run(cfg)     -- cfg: a validated recipe table (recipes/common.lua)
+--
+-- One step = grad_accum micro-batches (forward + backward, the gradients summed by the modules),
+-- then one optimizer step (AdamW with schedule, clipping, non-finite steps skipped and counted),
+-- metrics (JSONL, TensorBoard, progress) and, when due, a checkpoint that holds everything a
+-- resumed run needs to continue bit for bit: the weights in their training dtype (or the LoRA
+-- adapters), the optimizer and scheduler state, the data position and the RNG streams.
+--
+-- The loss of a step is the mean over every target token of its micro-batches (HF's
+-- num_items_in_batch convention), so the number of micro-batches does not change the result.
+local lunar = require 'lunar'
+local tensor = require 'lunar.tensor'
+local data = require 'lunar.data'
+local checkpoint = require 'lunar.train.checkpoint'
+local metrics_mod = require 'lunar.train.metrics'
+local flops = require 'lunar.model.flops'
+
+local M = {}
+
+local fail = tensor.fail
+
+local function log(cfg, fmt, ...)
+    if cfg.quiet then return end
+    io.stdout:write(('[lunar] ' .. fmt .. '\n'):format(...))
+    io.stdout:flush()
+end
+
+-- ---- data -----------------------------------------------------------------------------------
+
+local function as_list(x) if type(x) == 'table' then return x end return {x} end
+
+-- documents ({ids =, mask =}) of the configured dataset, and a report of the rejected rows
+function M.load_documents(cfg, tok)
+    local d = cfg.data
+    local max_len = d.max_len or d.seq_len
+    local rows, rep, docs
+    if d.kind == 'chat' then
+        rows, rep = data.read_chat(as_list(d.train), {limit = d.limit, show = 3})
+        docs = data.tokenize(rows, function(row)
+            return lunar.chat.tokenize(tok, row.messages, {template = d.template})
+        end, {max_len = max_len, overlong = d.overlong or 'drop', report = rep})
+    elseif d.kind == 'prompt_answer' then
+        rows, rep = data.read_prompt_answer(as_list(d.train), {prompt = d.prompt_field, answer = d.answer_field,
+            system = d.system, limit = d.limit, show = 3})
+        docs = data.tokenize(rows, function(row)
+            local msgs = {}
+            if row.system then msgs[#msgs + 1] = {role = 'system', content = row.system} end
+            msgs[#msgs + 1] = {role = 'user', content = row.prompt}
+            msgs[#msgs + 1] = {role = 'assistant', content = row.answer}
+            return lunar.chat.tokenize(tok, msgs, {template = d.template})
+        end, {max_len = max_len, overlong = d.overlong or 'drop', report = rep})
+    elseif d.kind == 'text' then
+        rows, rep = data.read_text(as_list(d.train), {split = d.split or 'blank'})
+        local eos = tok:token_to_id(d.eos_token or '<|endoftext|>')
+        docs = data.tokenize(rows, function(row)
+            local ids = tok:encode(row.text, {special = false})
+            if eos then ids[#ids + 1] = eos end
+            return ids
+        end, {max_len = d.max_len, overlong = d.overlong or 'truncate', report = rep})
+    elseif d.kind == 'indexed' then
+        return data.indexed_open(d.train), nil
+    else
+        fail(('data.kind %q is not one of chat, prompt_answer, text, indexed'):format(tostring(d.kind)))
+    end
+    return docs, rep
+end
+
+-- ---- model ------------------------------------------------------------------------------------
+
+local function build_model(cfg, resume_model_dir)
+    local mc = cfg.model
+    local opts = {dtype = mc.dtype, device = mc.device, seed = mc.seed, indexer_loss_coeff = mc.indexer_loss_coeff}
+    if resume_model_dir and not cfg.peft then
+        return lunar.model.load(resume_model_dir, opts)
+    end
+    if mc.path then return lunar.model.load(mc.path, opts) end
+    if not mc.config then fail('model: set model.path (a checkpoint) or model.config (a config table) in the recipe') end
+    return lunar.model.new(mc.config, opts)
+end
+
+-- ---- the loop -----------------------------------------------------------------------------------
+
+function M.run(cfg)
+    local t_start = lunar.clock()
+    if cfg.threads then lunar.threads(cfg.threads) end
+    local tok = lunar.tokenizer.load(cfg.tokenizer)
+    log(cfg, '%s: tokenizer %s (%d tokens)', cfg.name, cfg.tokenizer, tok:vocab_size())
+
+    local source, rep = M.load_documents(cfg, tok)
+    if rep then
+        log(cfg, 'data: %d documents kept, %d rejected', rep.n_good, rep.n_bad)
+        if rep.n_bad > 0 and not cfg.quiet then rep:print() end
+    end
+    local d = cfg.data
+    local loader = data.loader{source = source, seq_len = d.seq_len, micro_batch = d.micro_batch, seed = d.seed,
+        shuffle = d.shuffle ~= false, pad_to_multiple = d.pad_to_multiple, quiet = cfg.quiet}
+
+    local cm = checkpoint.manager{dir = cfg.checkpoint.dir, every = cfg.checkpoint.every,
+        keep_last = cfg.checkpoint.keep_last}
+    local st
+    if cfg.checkpoint.resume and cfg.checkpoint.resume ~= 'none' then st = cm:resume(cfg.checkpoint.resume) end
+
+    local model = build_model(cfg, st and st.model_dir)
+    local params = model.params
+    local adapters
+    if cfg.peft then
+        -- a resumed LoRA run reads its adapters back (the base weights come from model.path)
+        if st then adapters = lunar.peft.load(model, st.model_dir)
+        else adapters = lunar.peft.apply(model, cfg.peft) end
+        params = adapters.params
+    end
+    log(cfg, 'model: %s, %.2fM parameters (%.2fM trainable)', model.cfg.architecture, model.params:count() / 1e6,
+        params:count() / 1e6)
+
+    local o = cfg.optim
+    local opt = lunar.optim.AdamW.new(params, {
+        lr = o.lr, betas = o.betas, eps = o.eps, weight_decay = o.weight_decay, no_decay = o.no_decay,
+        clip = o.clip_grad, accum = cfg.train.grad_accum,
+        -- a short run (a smoke test with train.steps=N) keeps its warm-up shorter than the run
+        schedule = {warmup = math.min(o.warmup or 0, math.floor(cfg.train.steps / 2)), total = cfg.train.steps,
+                    decay = o.schedule, min_lr = o.min_lr}})
+
+    local start = 0
+    if st then
+        opt:load_state_dict(st.optimizer)
+        loader:set_state(st.data)
+        start = st.step
+        log(cfg, 'resumed from %s (step %d)', st.dir, start)
+    end
+
+    local seq = d.seq_len
+    local m = metrics_mod.new{dir = cfg.metrics.dir, total_steps = cfg.train.steps, start_step = start,
+        warmup_steps = cfg.metrics.warmup_steps, flops_per_token = flops.training_per_token(model.cfg, seq),
+        peak_flops = cfg.metrics.peak_flops, progress = (not cfg.quiet) and cfg.metrics.progress, log_every = cfg.train.log_every,
+        tensorboard = cfg.metrics.tensorboard == false and false or nil}
+
+    local accum = cfg.train.grad_accum
+    local losses = {}
+    local last_loss
+    for step = start + 1, cfg.train.steps do
+        local t0 = lunar.clock()
+        local batches, targets, tokens = {}, 0, 0
+        for i = 1, accum do
+            local b = loader:next()
+            if not b then fail('data: the loader ran out of batches') end
+            batches[i] = b
+            targets = targets + b.num_targets
+            tokens = tokens + b.num_tokens
+        end
+        local loss_sum = 0
+        for _, b in ipairs(batches) do
+            lunar.scope(function()
+                local out = model:forward(b, {loss = true, num_items_in_batch = math.max(targets, 1)})
+                loss_sum = loss_sum + out.loss
+                model:backward()
+            end)
+        end
+        -- the modules summed the gradients of loss_i = sum_i / targets: their sum is the step's
+        -- mean loss already, so the optimizer must not divide by the number of micro-batches again
+        local info = opt:step{loss = loss_sum, micro_batches = 1}
+        opt:zero_grad()
+        last_loss = loss_sum
+        losses[#losses + 1] = loss_sum
+        m:log(step, {loss = loss_sum, grad_norm = info.grad_norm, lr = info.lr, tokens = tokens,
+            skipped = info.skipped, time = lunar.clock() - t0})
+        if cm:due(step, step == cfg.train.steps) then
+            cm:save(step, {
+                save_model = function(dir)
+                    if adapters then lunar.peft.save(model, dir)
+                    else model:save_hf(dir, {keep_dtype = true}) end
+                end,
+                optimizer = opt:state_dict(), data = loader:state(), metrics = {loss = loss_sum}})
+        end
+        if cfg.stop_after and step >= cfg.stop_after then break end
+    end
+    local summary = m:close()
+    if cfg.output and cfg.output.dir then
+        if adapters then lunar.peft.save(model, cfg.output.dir)
+        else model:save_hf(cfg.output.dir) end
+        log(cfg, 'saved %s to %s', adapters and 'the adapters' or 'the model', cfg.output.dir)
+    end
+    return {model = model, adapters = adapters, losses = losses, last_loss = last_loss, summary = summary,
+            optimizer = opt, loader = loader, seconds = lunar.clock() - t_start, start_step = start}
+end
+
+return M

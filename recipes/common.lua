@@ -1,0 +1,164 @@
+-- recipes/common.lua: what the training recipes share: the defaults of every setting, the
+-- presets, the command-line overrides, validation, and the run.
+--
+--   lunar recipes/sft.lua [preset=tiny] [train.steps=100] [optim.lr=1e-3] ...
+--
+-- A recipe is the merge, in this order, of: the defaults below, the defaults of its kind
+-- (pretrain / sft / lora), the preset's table for that kind (recipes/presets/<preset>.lua), and
+-- the dotted overrides of the command line. A key that does not exist is an error naming it; a
+-- value of the wrong type too. The resolved recipe is printed before anything runs.
+local lunar = require 'lunar'
+
+local M = {}
+
+-- the repository root (recipes/..), for the paths presets use
+local here = debug.getinfo(1, 'S').source:match('^@(.*/)') or './'
+M.root = (here:gsub('recipes/$', '')) or './'
+if M.root == '' then M.root = './' end
+
+-- p with ${VAR} replaced by the environment's value (an unset variable is an error when the
+-- path is used, naming it), relative to the repository root unless absolute
+function M.path(p)
+    if type(p) ~= 'string' then return p end
+    p = p:gsub('%${([%w_]+)}', function(v) return os.getenv(v) or ('${' .. v .. '}') end)
+    if p:sub(1, 1) == '/' or p:sub(1, 1) == '$' then return p end
+    return M.root .. p
+end
+
+M.defaults = {
+    name = false,                -- default: <preset>_<kind>
+    preset = 'tiny',
+    quiet = false,
+    threads = false,             -- CPU threads (default: LUNAR_THREADS or all cores)
+    stop_after = false,          -- stop after this step (as if interrupted; resume continues)
+    model = {
+        config = false,          -- an HF config table (a fresh model) ...
+        path = false,            -- ... or an HF checkpoint directory
+        hf_id = false,           -- where a real preset's weights come from (documentation)
+        dtype = 'f32', device = 'cpu', seed = 1234, indexer_loss_coeff = 0,
+    },
+    tokenizer = false,           -- tokenizer.json (a file or the checkpoint directory)
+    data = {
+        kind = 'chat',           -- chat | prompt_answer | text | indexed
+        train = false,           -- a path or a list of paths (indexed: the .bin/.idx prefix)
+        template = 'glm5', seq_len = 512, micro_batch = 4, seed = 1, shuffle = true,
+        max_len = false, overlong = false, limit = false, pad_to_multiple = 1,
+        prompt_field = 'question', answer_field = 'answer', system = false, split = 'blank',
+        eos_token = '<|endoftext|>',
+    },
+    train = {steps = 300, grad_accum = 1, log_every = 10},
+    optim = {lr = 3e-3, min_lr = 3e-4, warmup = 20, schedule = 'cosine', betas = {0.9, 0.95}, eps = 1e-8,
+             weight_decay = 0.1, clip_grad = 1.0, no_decay = false},
+    peft = false,                -- LoRA: {r =, alpha =, dropout =, targets = {...}, seed =}
+    checkpoint = {dir = false, every = 100, keep_last = 2, resume = 'auto'},
+    metrics = {dir = false, tensorboard = true, progress = 'auto', peak_flops = false, warmup_steps = false},
+    output = {dir = false},      -- where the final model (or adapters) is written
+    parallel = {tp = 1, pp = 1, cp = 1, ep = 1, etp = 1, vpp = 1, layout = false},
+    hardware = {nodes = 1, gpus_per_node = 0, gpu = 'cpu'},
+}
+
+local function clean(t)
+    -- false means "unset" in the defaults: the trainer wants nil
+    if type(t) ~= 'table' then return t end
+    local out = {}
+    for k, v in pairs(t) do
+        if v ~= false or k == 'shuffle' or k == 'quiet' or k == 'tensorboard' then out[k] = clean(v) end
+    end
+    return out
+end
+
+local function world(cfg)
+    local p = cfg.parallel
+    local h = cfg.hardware
+    return math.max(1, h.nodes * math.max(h.gpus_per_node, 1)), p
+end
+
+-- Build the recipe table for `kind` from the preset and the command line.
+function M.recipe(kind, overrides)
+    overrides = overrides or lunar.config.overrides()
+    local preset_name = overrides.preset or M.defaults.preset
+    local ok, preset = pcall(dofile, M.root .. 'recipes/presets/' .. preset_name .. '.lua')
+    if not ok then
+        error(('preset %q: %s (presets live in recipes/presets/)'):format(preset_name, tostring(preset)), 0)
+    end
+    if type(preset[kind]) ~= 'table' then
+        error(('preset %q has no %s recipe'):format(preset_name, kind), 0)
+    end
+    local cfg = lunar.config.merge(M.defaults, preset.common or {})
+    cfg = lunar.config.merge(cfg, preset[kind])
+    cfg = lunar.config.merge(cfg, overrides)
+    cfg.preset = preset_name
+    if not cfg.name then cfg.name = preset_name .. '_' .. kind end
+    if not cfg.checkpoint.dir then cfg.checkpoint.dir = 'runs/' .. cfg.name .. '/checkpoints' end
+    if not cfg.metrics.dir then cfg.metrics.dir = 'runs/' .. cfg.name end
+    cfg.kind = kind
+    cfg.tokenizer = M.path(cfg.tokenizer)
+    if type(cfg.data.train) == 'table' then
+        for i, p in ipairs(cfg.data.train) do cfg.data.train[i] = M.path(p) end
+    else
+        cfg.data.train = M.path(cfg.data.train)
+    end
+    if cfg.model.path then cfg.model.path = M.path(cfg.model.path) end
+    return cfg
+end
+
+-- print the resolved recipe (one line per setting, sorted)
+function M.print(cfg)
+    if cfg.quiet then return end
+    local lines = {}
+    local function walk(t, prefix)
+        local keys = {}
+        for k in pairs(t) do keys[#keys + 1] = k end
+        table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
+        for _, k in ipairs(keys) do
+            local v = t[k]
+            local name = prefix and (prefix .. '.' .. tostring(k)) or tostring(k)
+            if type(v) == 'table' and #v == 0 and next(v) ~= nil and not (k == 'config') then
+                walk(v, name)
+            elseif type(v) == 'table' and k == 'config' then
+                lines[#lines + 1] = ('  %-28s (%s, %d layers, hidden %d)'):format(name, tostring(v.architectures and
+                    v.architectures[1] or v.model_type), v.num_hidden_layers or 0, v.hidden_size or 0)
+            elseif type(v) == 'table' then
+                local parts = {}
+                for i, x in ipairs(v) do parts[i] = tostring(x) end
+                lines[#lines + 1] = ('  %-28s {%s}'):format(name, table.concat(parts, ', '))
+            else
+                lines[#lines + 1] = ('  %-28s %s'):format(name, tostring(v))
+            end
+        end
+    end
+    walk(cfg, nil)
+    print(('recipe %s (%s, preset %s):'):format(cfg.name, cfg.kind, cfg.preset))
+    print(table.concat(lines, '\n'))
+end
+
+-- Check that this process can run the recipe: the real GLM-5.x presets describe multi-GPU jobs
+-- (their layouts are the ones the seeds validated) that this version of lunar cannot execute yet.
+function M.check_runnable(cfg)
+    local n, p = world(cfg)
+    if n > 1 then
+        error(('recipe %s describes a %d-GPU job (%d node%s x %d %s; TP%d PP%d CP%d EP%d): multi-rank training '
+            .. 'is not implemented in this version of lunar; the tiny preset runs on one CPU process'):format(
+            cfg.name, n, cfg.hardware.nodes, cfg.hardware.nodes == 1 and '' or 's', cfg.hardware.gpus_per_node,
+            cfg.hardware.gpu, p.tp, p.pp, p.cp, p.ep), 0)
+    end
+    if cfg.model.device ~= 'cpu' and lunar.device_count('cuda') == 0 then
+        error(('recipe %s wants model.device=%s but no CUDA device is available'):format(cfg.name, cfg.model.device), 0)
+    end
+    if not cfg.tokenizer then error(('recipe %s: set tokenizer (a tokenizer.json)'):format(cfg.name), 0) end
+    for _, p in ipairs({cfg.tokenizer, cfg.model.path or nil}) do
+        local var = type(p) == 'string' and p:match('%${([%w_]+)}')
+        if var then error(('recipe %s: %s needs the environment variable %s'):format(cfg.name, p, var), 0) end
+    end
+    if not cfg.data.train then error(('recipe %s: set data.train'):format(cfg.name), 0) end
+end
+
+function M.run(kind, overrides)
+    local cfg = M.recipe(kind, overrides)
+    M.print(cfg)
+    M.check_runnable(cfg)
+    local run_cfg = clean(cfg)
+    return require('lunar.train.trainer').run(run_cfg), cfg
+end
+
+return M
