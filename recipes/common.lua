@@ -31,6 +31,7 @@ M.defaults = {
     quiet = false,
     threads = false,             -- CPU threads (default: LUNAR_THREADS or all cores)
     stop_after = false,          -- stop after this step (as if interrupted; resume continues)
+    expect_loss_fall = false,    -- fail the run unless the loss fell by this fraction (0.5 = half)
     model = {
         config = false,          -- an HF config table (a fresh model) ...
         path = false,            -- ... or an HF checkpoint directory

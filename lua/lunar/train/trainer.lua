@@ -182,7 +182,23 @@ function M.run(cfg)
         else model:save_hf(cfg.output.dir) end
         log(cfg, 'saved %s to %s', adapters and 'the adapters' or 'the model', cfg.output.dir)
     end
-    return {model = model, adapters = adapters, losses = losses, last_loss = last_loss, summary = summary,
+    -- how far the loss fell: the first step against the mean of the last steps (single steps
+    -- are noisy: their documents differ), over this process's steps
+    local fall
+    if #losses >= 2 then
+        local k = math.min(20, math.floor(#losses / 4) + 1)
+        local tail = 0
+        for i = #losses - k + 1, #losses do tail = tail + losses[i] end
+        tail = tail / k
+        fall = 1 - tail / losses[1]
+        log(cfg, 'loss %.4f at step %d -> %.4f (mean of the last %d steps): %.1f%% lower', losses[1], start + 1, tail, k,
+            100 * fall)
+        if cfg.expect_loss_fall and start == 0 and fall < cfg.expect_loss_fall then
+            fail(('the loss fell by %.1f%%, less than the %.0f%% this recipe expects'):format(100 * fall,
+                100 * cfg.expect_loss_fall))
+        end
+    end
+    return {model = model, adapters = adapters, losses = losses, last_loss = last_loss, summary = summary, fall = fall,
             optimizer = opt, loader = loader, seconds = lunar.clock() - t_start, start_step = start}
 end
 
