@@ -88,6 +88,9 @@ static const lunar_backend cpu_backend = {
     .argsort = lunar_cpu_argsort,
     .causal_mask = lunar_cpu_causal_mask,
     .block_mask = lunar_cpu_block_mask,
+    .attention_forward = lunar_cpu_attention_forward,
+    .attention_backward = lunar_cpu_attention_backward,
+    .index_scores = lunar_cpu_index_scores,
     .adamw_step = lunar_cpu_adamw_step,
     .fp8_block_dequant = lunar_cpu_fp8_block_dequant,
 };

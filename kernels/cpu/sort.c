@@ -57,6 +57,12 @@ static void smallest_keys(uint64_t *h, const float *x, int64_t n, int64_t k, int
     }
 }
 
+void lunar_cpu_topk_row(int64_t *idx, const float *x, int64_t n, int64_t k) {
+    uint64_t *h = (uint64_t *)idx;
+    smallest_keys(h, x, n, k, 1);
+    for (int64_t j = 0; j < k; j++) idx[j] = (int64_t)(h[j] & 0xFFFFFFFFu);
+}
+
 lunar_status lunar_cpu_topk(lunar_ctx *ctx, lunar_tensor *values, lunar_tensor *indices, const lunar_tensor *x,
                             int64_t rows, int64_t n, int64_t k, int largest) {
     (void)ctx;
