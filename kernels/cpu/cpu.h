@@ -96,8 +96,9 @@ lunar_status lunar_cpu_topk(lunar_ctx *ctx, lunar_tensor *values, lunar_tensor *
                             int64_t rows, int64_t n, int64_t k, int largest);
 lunar_status lunar_cpu_argsort(lunar_ctx *ctx, lunar_tensor *indices, const lunar_tensor *x, int64_t rows, int64_t n,
                                int descending);
-/* idx[0..k) = the k largest values of the row x[0..n), sorted, ties to the lower index (as topk) */
-void lunar_cpu_topk_row(int64_t *idx, const float *x, int64_t n, int64_t k);
+/* idx[0..k) = the positions of the k largest values of the row x[0..n) (ties to the lower
+ * position, as topk), in increasing position; O(n) radix select; scratch: 2n u32 */
+void lunar_cpu_topk_set(int64_t *idx, const float *x, int64_t n, int64_t k, uint32_t *scratch);
 
 /* mask.c */
 lunar_status lunar_cpu_causal_mask(lunar_ctx *ctx, lunar_tensor *out, int64_t offset);

@@ -246,8 +246,9 @@ lunar_status lunar_attention_backward(lunar_ctx *ctx, lunar_tensor *dq, lunar_te
  *   scores (B, S, T)[b, s, t] = sum_h w[b, s, h] * relu(scale * dot(qi[b, s, h], ki[b, t])) + mask[b, s, t]
  *   qi (B, S, Hi, Di), ki (B, T, Di), w (B, S, Hi) f32, mask (B, S, T) additive f32 or NULL.
  * Keys whose mask value is <= -FLT_MAX get the mask value itself without their products being
- * computed. topk (B, S, K) i64 or NULL: the K largest scores of each row, sorted, ties to the
- * lower key (as lunar_topk); scores may be NULL when topk is given. */
+ * computed. topk (B, S, K) i64 or NULL: the keys of the K largest scores of each row (ties to the
+ * lower key, the set lunar_topk selects) in increasing key order (attention needs the set, not
+ * an order); scores may be NULL when topk is given. */
 lunar_status lunar_index_scores(lunar_ctx *ctx, lunar_tensor *scores, lunar_tensor *topk, const lunar_tensor *qi,
                                 const lunar_tensor *ki, const lunar_tensor *w, const lunar_tensor *mask, float scale);
 

@@ -12,7 +12,8 @@
 --       qi (B, S, Hi, Di), ki (B, T, Di), w (B, S, Hi) f32: scores (B, S, T) f32 =
 --       sum_h w * relu(scale * qi.ki) + mask (masked keys keep the mask value, uncomputed);
 --       scale default Di^-0.5; topk = k also returns the (B, S, k) i64 ids of the k largest
---       scores per row (sorted, ties to the lower id); scores = false skips the scores.
+--       scores per row (the set ops.topk selects, ties to the lower id) in increasing id order;
+--       scores = false skips the scores.
 local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local C = core.ops
