@@ -241,6 +241,24 @@ T:test('keys outside the causal blocks and unlisted sparse keys are never read (
     T.close(a1, a2, {rtol = 1e-6, atol = 1e-7, msg = 'key list = the selection in the mask'})
 end)
 
+T:test('very sparse key lists (shrunk blocks, gathered keys) equal the dense composition', function()
+    local B, S, Tn, NH, Hk = 2, 70, 512, 4, 2
+    local q, k, v = lunar.randn(B, S, NH, 8), lunar.randn(B, Tn, Hk, 8), lunar.randn(B, Tn, Hk, 5)
+    local keys = random_keys(B, S, Tn, 2, false)
+    local m = lunar.zeros(B, S, Tn)
+    ops.masked_fill_(m, ops.gt(lunar.rand(B, S, Tn), 0.8), FMIN)
+    local amask = masks.select(m, keys)
+    local od, sd = attention.forward_dense(heads(q), heads(k), heads(v), amask, 0.5)
+    local o, lse = ops.attention(q, k, v, {keys = keys, mask = m, scale = 0.5})
+    T.close(o, heads(od), {rtol = 1e-5, atol = 1e-6, msg = 'o'})
+    local dout = lunar.randn(B, S, NH, 5)
+    local dqd, dkd, dvd = attention.backward_dense(heads(dout), sd)
+    local dq, dk, dv = ops.attention_backward(dout, o, lse, q, k, v, {keys = keys, mask = m, scale = 0.5})
+    T.close(dq, heads(dqd), {rtol = 1e-4, atol = 1e-5, msg = 'dq'})
+    T.close(dk, heads(dkd), {rtol = 1e-4, atol = 1e-5, msg = 'dk'})
+    T.close(dv, heads(dvd), {rtol = 1e-4, atol = 1e-5, msg = 'dv'})
+end)
+
 T:test('backward is the same bit for bit with 1 and 2 threads', function()
     local saved = lunar.threads()
     local B, Tn, NH = 1, 64, 4
