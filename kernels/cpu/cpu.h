@@ -18,6 +18,9 @@ lunar_status lunar_cpu_rng_fill(lunar_ctx *ctx, lunar_tensor *out, lunar_rng_kin
 /* gemm.c */
 lunar_status lunar_cpu_gemm(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor *a, const lunar_tensor *b,
                             int trans_a, int trans_b, float alpha, float beta);
+lunar_status lunar_cpu_gemm_grouped(lunar_ctx *ctx, int n, lunar_tensor *const *c, const lunar_tensor *const *a,
+                                    const lunar_tensor *const *b, const int *trans_a, const int *trans_b, float alpha,
+                                    float beta);
 
 /* elementwise.c */
 lunar_status lunar_cpu_binary(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *a, const lunar_tensor *b,

@@ -58,6 +58,12 @@ struct lunar_backend {
     lunar_status (*gemm)(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor *a, const lunar_tensor *b,
                          int trans_a, int trans_b, float alpha, float beta);
 
+    /* optional: n 2-D products, each prepared as for gemm (its own trans flags after view flips);
+     * all inputs share one dtype and every c is that dtype. NULL: the host calls gemm n times. */
+    lunar_status (*gemm_grouped)(lunar_ctx *ctx, int n, lunar_tensor *const *c, const lunar_tensor *const *a,
+                                 const lunar_tensor *const *b, const int *trans_a, const int *trans_b, float alpha,
+                                 float beta);
+
     /* binary: a and b already have out's shape (the host expanded and copied broadcasts) */
     lunar_status (*binary)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *a, const lunar_tensor *b,
                            lunar_binary_op op);

@@ -45,6 +45,13 @@ lunar_status lunar_synchronize(lunar_ctx *ctx, lunar_device dev);
 lunar_status lunar_gemm(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor *a, const lunar_tensor *b,
                         int trans_a, int trans_b, float alpha, float beta);
 
+/* n independent 2-D products c[i] = alpha * op(a[i]) @ op(b[i]) + beta * c[i], each as in
+ * lunar_gemm (the same trans flags, alpha and beta for all), with the same results as n
+ * lunar_gemm calls. The CPU runs moderately small products side by side, one thread each (the
+ * per-expert products of an MoE layer), instead of splitting each one over the threads. */
+lunar_status lunar_gemm_grouped(lunar_ctx *ctx, int n, lunar_tensor *const *c, const lunar_tensor *const *a,
+                                const lunar_tensor *const *b, int trans_a, int trans_b, float alpha, float beta);
+
 /* ---- elementwise ------------------------------------------------------------------------- */
 
 typedef enum lunar_binary_op {

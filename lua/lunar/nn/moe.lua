@@ -219,18 +219,23 @@ function MoE:forward(x, opts)
         local xs = ops.index_select(x, 1, tok)                        -- (NK, H)
         G = core.empty({NK, Im}, dt, dev)
         U = core.empty({NK, Im}, dt, dev)
+        -- the experts' products side by side (gemm_grouped), gate and up together
+        local as, bs, cs = {}, {}, {}
         for _, h in ipairs(hits) do
             local xe = xs:narrow(1, h.off, h.n)
-            ops.gemm(xe, store:get(self.gate_names[h.e]), {trans_b = true, out = G:narrow(1, h.off, h.n)})
-            ops.gemm(xe, store:get(self.up_names[h.e]), {trans_b = true, out = U:narrow(1, h.off, h.n)})
+            as[#as + 1], bs[#bs + 1], cs[#cs + 1] = xe, store:get(self.gate_names[h.e]), G:narrow(1, h.off, h.n)
+            as[#as + 1], bs[#bs + 1], cs[#cs + 1] = xe, store:get(self.up_names[h.e]), U:narrow(1, h.off, h.n)
         end
+        ops.gemm_grouped(as, bs, {trans_b = true, out = cs})
         xs:free()
         local A = activate(self.act, G, U)
         local Y = core.empty({NK, H}, dt, dev)
+        as, bs, cs = {}, {}, {}
         for _, h in ipairs(hits) do
-            ops.gemm(A:narrow(1, h.off, h.n), store:get(self.down_names[h.e]),
-                     {trans_b = true, out = Y:narrow(1, h.off, h.n)})
+            as[#as + 1], bs[#bs + 1], cs[#cs + 1] = A:narrow(1, h.off, h.n), store:get(self.down_names[h.e]),
+                Y:narrow(1, h.off, h.n)
         end
+        ops.gemm_grouped(as, bs, {trans_b = true, out = cs})
         A:free()
         ops.mul(Y, wsorted, {out = Y})
         ops.index_add_(out, 1, tok, Y)
@@ -277,37 +282,49 @@ function MoE:backward(dy, saved, need_dx)
         local dys = ops.index_select(dy, 1, tok)                      -- (NK, H), unscaled
         local A = activate(self.act, saved.G, saved.U)                -- (NK, Im)
         local dA = core.empty({NK, Im}, dt, dev)
+        local as, bs, cs = {}, {}, {}
         for _, h in ipairs(hits) do
-            ops.gemm(dys:narrow(1, h.off, h.n), store:get(self.down_names[h.e]), {out = dA:narrow(1, h.off, h.n)})
+            as[#as + 1], bs[#bs + 1], cs[#cs + 1] = dys:narrow(1, h.off, h.n), store:get(self.down_names[h.e]),
+                dA:narrow(1, h.off, h.n)
         end
+        ops.gemm_grouped(as, bs, {out = cs})
         -- a = <dy, y_unscaled> = <dy W_down, act>
         local prod = ops.mul(dA, A, {out = core.empty({NK, Im}, 'f32', dev)})
         ops.sum(prod, 2, {out = a})
         prod:free()
         ops.mul(dA, ws, {out = dA})
         ops.mul(A, ws, {out = A})
+        as, bs, cs = {}, {}, {}
         for _, h in ipairs(hits) do
             local gd = store:grad(self.down_names[h.e])
             if gd then
-                ops.gemm(dys:narrow(1, h.off, h.n), A:narrow(1, h.off, h.n), {trans_a = true, out = gd, beta = 1})
+                as[#as + 1], bs[#bs + 1], cs[#cs + 1] = dys:narrow(1, h.off, h.n), A:narrow(1, h.off, h.n), gd
             end
         end
+        ops.gemm_grouped(as, bs, {trans_a = true, out = cs, beta = 1})
         A:free()
         dys:free()
         local dG, dU = MLP.activate_backward(self.act, dA, saved.G, saved.U)
         dA:free()
         local dXs = want_dx and core.empty({NK, H}, dt, dev) or nil
+        local wa, wb, wc = {}, {}, {}           -- weight gradients (+=)
+        local ga, gb, gc, ua, ub, uc = {}, {}, {}, {}, {}, {}   -- dX = dG Wg, then += dU Wu
         for _, h in ipairs(hits) do
             local e, o, n = h.e, h.off, h.n
             local xe, dGe, dUe = xs:narrow(1, o, n), dG:narrow(1, o, n), dU:narrow(1, o, n)
             local gg, gu = store:grad(self.gate_names[e]), store:grad(self.up_names[e])
-            if gg then ops.gemm(dGe, xe, {trans_a = true, out = gg, beta = 1}) end
-            if gu then ops.gemm(dUe, xe, {trans_a = true, out = gu, beta = 1}) end
+            if gg then wa[#wa + 1], wb[#wb + 1], wc[#wc + 1] = dGe, xe, gg end
+            if gu then wa[#wa + 1], wb[#wb + 1], wc[#wc + 1] = dUe, xe, gu end
             if dXs then
                 local dxe = dXs:narrow(1, o, n)
-                ops.gemm(dGe, store:get(self.gate_names[e]), {out = dxe})
-                ops.gemm(dUe, store:get(self.up_names[e]), {out = dxe, beta = 1})
+                ga[#ga + 1], gb[#gb + 1], gc[#gc + 1] = dGe, store:get(self.gate_names[e]), dxe
+                ua[#ua + 1], ub[#ub + 1], uc[#uc + 1] = dUe, store:get(self.up_names[e]), dxe
             end
+        end
+        ops.gemm_grouped(wa, wb, {trans_a = true, out = wc, beta = 1})
+        if dXs then
+            ops.gemm_grouped(ga, gb, {out = gc})
+            ops.gemm_grouped(ua, ub, {out = uc, beta = 1})
         end
         dG:free()
         dU:free()
