@@ -10,7 +10,8 @@
 -- read (NaN keys and values hidden by the mask leave the output finite). The backward is
 -- bit-identical for 1 and 2 threads. Non-contiguous inputs and outputs, bf16 inputs, errors.
 -- index_scores: against plain Lua (rtol 1e-5, atol 1e-5), masked keys exactly the mask value,
--- the fused top-k the set ops.topk of the scores gives (ties to the lower key), in key order.
+-- the fused top-k the set ops.topk of the scores gives (ties to the lower key), in key order;
+-- against the gemm composition of nn.dsa's keep path at B 2, T 150 (rtol/atol 1e-5).
 local lunar = require 'lunar'
 local ops = lunar.ops
 local attention = require 'lunar.nn.attention'
@@ -391,6 +392,22 @@ T:test('index_scores: plain-Lua reference, masked keys, fused top-k = topk of th
     T.close(obuf:transpose(2, 3), ref_index(q4, ki3, w, m, 3 ^ -0.5), {rtol = 1e-5, atol = 1e-5, msg = 'views'})
     T.close(ops.index_scores(q4:bf16(), ki3:bf16(), w, {mask = m}), ref_index(q4:bf16(), ki3:bf16(), w, m, 3 ^ -0.5),
         {rtol = 1e-4, atol = 1e-4, msg = 'bf16 inputs'})
+end)
+
+T:test('index_scores equals the gemm composition of nn.dsa (keep path) at a larger size', function()
+    local B, S, Hi, Di = 2, 150, 4, 32
+    local qi, ki, w = lunar.randn(B, S, Hi, Di), lunar.randn(B, S, Di), lunar.randn(B, S, Hi)
+    local m = masks.causal(B, S)
+    local A = ops.relu(ops.gemm(qi:view({B, S * Hi, Di}), ki, {trans_b = true, alpha = Di ^ -0.5}))
+    local I = ops.gemm(w:view({B * S, 1, Hi}), A:view({B * S, Hi, S})):view({B, S, S})
+    local want = ops.add(I, m)
+    local got, topk = ops.index_scores(qi, ki, w, {mask = m, topk = 40})
+    T.close(got, want, {rtol = 1e-5, atol = 1e-5})
+    local _, ref = ops.topk(want, 40)
+    local gf, rf = topk:tolist_flat(), sorted_rows(ref)
+    local same = 0
+    for i = 1, #gf do same = same + (gf[i] == rf[i] and 1 or 0) end
+    assert(same >= #gf - 8, 'the top-k sets agree (up to near ties): ' .. same .. ' of ' .. #gf)
 end)
 
 os.exit(T:run())
