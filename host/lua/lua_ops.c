@@ -14,5 +14,6 @@ void lunar_lua_open_ops(lua_State *L) {
     lunar_lua_ops_mask(L);
     lunar_lua_ops_adamw(L);
     lunar_lua_ops_fp8(L);
+    lunar_lua_ops_attention(L);
     lua_setfield(L, -2, "ops");
 }

@@ -18,5 +18,6 @@ void lunar_lua_ops_sort(lua_State *L);
 void lunar_lua_ops_mask(lua_State *L);
 void lunar_lua_ops_adamw(lua_State *L);
 void lunar_lua_ops_fp8(lua_State *L);
+void lunar_lua_ops_attention(lua_State *L);
 
 #endif

@@ -210,3 +210,88 @@ lunar_status lunar_gemm(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor *a, 
     if (!st && alias) st = lunar_copy(ctx, c, &ccopy);
     return prep_end(&p, st);
 }
+
+/* ---- grouped --------------------------------------------------------------------------------- */
+
+#define GROUP_CHUNK 128
+
+/* Can item i go to the backend's grouped entry as borrowed views? (2-D, one dtype the backend
+ * takes, consistent shapes, BLAS-addressable, c not overlapping a or b, int-sized.) Anything
+ * else takes the plain per-product path, which also reports errors. */
+static int group_item_ok(lunar_prep *p, lunar_tensor *cv, lunar_tensor *av, lunar_tensor *bv, int *ta, int *tb,
+                         lunar_tensor *c, const lunar_tensor *a, const lunar_tensor *b, lunar_dtype dt) {
+    if (prep_check(p, c, "c") || prep_check(p, a, "a") || prep_check(p, b, "b")) return 0;
+    if (c->ndim != 2 || a->ndim != 2 || b->ndim != 2) return 0;
+    if (a->dtype != dt || b->dtype != dt || c->dtype != dt) return 0;
+    int64_t m = a->shape[*ta], ka = a->shape[1 - *ta], kb = b->shape[*tb], n = b->shape[1 - *tb];
+    if (ka != kb || c->shape[0] != m || c->shape[1] != n || m < 1 || n < 1 || ka < 1) return 0;
+    if (too_big(m) || too_big(n) || too_big(ka)) return 0;
+    if (lunar_tensor_overlaps(c, a) || lunar_tensor_overlaps(c, b)) return 0;
+    if (!rowmajor_ok(c)) return 0;
+    borrow(cv, c);
+    canonical_strides(cv);
+    const lunar_tensor *in[2] = {a, b};
+    lunar_tensor *out[2] = {av, bv};
+    int *tr[2] = {ta, tb};
+    for (int i = 0; i < 2; i++) {
+        if (rowmajor_ok(in[i])) {
+            borrow(out[i], in[i]);
+        } else if (colmajor_ok(in[i])) {
+            borrow_transposed(out[i], in[i]);
+            *tr[i] = !*tr[i];
+        } else {
+            return 0;
+        }
+        canonical_strides(out[i]);
+    }
+    lunar_tensor *all[3] = {cv, av, bv};
+    for (int i = 0; i < 3; i++)
+        for (int d = 0; d < 2; d++)
+            if (too_big(all[i]->stride[d])) return 0;
+    return 1;
+}
+
+lunar_status lunar_gemm_grouped(lunar_ctx *ctx, int n, lunar_tensor *const *c, const lunar_tensor *const *a,
+                                const lunar_tensor *const *b, int trans_a, int trans_b, float alpha, float beta) {
+    if (n <= 0) return LUNAR_OK;
+    if (!c || !a || !b) return LUNAR_FAIL(ctx, LUNAR_ERR_ARG, "gemm_grouped: missing tensor lists");
+    trans_a = trans_a != 0;
+    trans_b = trans_b != 0;
+    for (int i0 = 0; i0 < n; i0 += GROUP_CHUNK) {
+        int cnt = n - i0 < GROUP_CHUNK ? n - i0 : GROUP_CHUNK;
+        lunar_tensor cv[GROUP_CHUNK], av[GROUP_CHUNK], bv[GROUP_CHUNK];
+        lunar_tensor *cp[GROUP_CHUNK];
+        const lunar_tensor *ap[GROUP_CHUNK], *bp[GROUP_CHUNK];
+        int ta[GROUP_CHUNK], tb[GROUP_CHUNK];
+        int grouped = 0;
+        lunar_prep p;
+        if (c[i0] && a[i0] && b[i0] && prep_begin(&p, ctx, "gemm_grouped", c[i0]) == LUNAR_OK) {
+            lunar_dtype dt = prep_compute_dtype(&p, a[i0]->dtype);
+            grouped = p.be->gemm_grouped != NULL;
+            for (int j = 0; j < cnt && grouped; j++) {
+                int i = i0 + j;
+                ta[j] = trans_a, tb[j] = trans_b;
+                grouped = c[i] && a[i] && b[i] &&
+                          group_item_ok(&p, &cv[j], &av[j], &bv[j], &ta[j], &tb[j], c[i], a[i], b[i], dt);
+                cp[j] = &cv[j], ap[j] = &av[j], bp[j] = &bv[j];
+            }
+            if (p.st) lunar_ctx_clear_error(ctx);   /* the per-product path reports it */
+            p.st = LUNAR_OK;
+            lunar_status st = grouped ? p.be->gemm_grouped(ctx, cnt, cp, ap, bp, ta, tb, alpha, beta) : LUNAR_OK;
+            prep_end(&p, LUNAR_OK);
+            if (st) return st;
+        }
+        if (!grouped)
+            for (int j = 0; j < cnt; j++) {
+                int i = i0 + j;
+                if (!c[i] || !a[i] || !b[i])
+                    return LUNAR_FAIL(ctx, LUNAR_ERR_ARG, "gemm_grouped: product %d is missing a tensor", i + 1);
+                lunar_status st = lunar_gemm(ctx, c[i], a[i], b[i], trans_a, trans_b, alpha, beta);
+                if (st) {
+                    lunar_ctx_prefix_error(ctx, "gemm_grouped: product %d", i + 1);
+                    return st;
+                }
+            }
+    }
+    return LUNAR_OK;
+}

@@ -55,6 +55,7 @@ static const lunar_backend cpu_backend = {
     .arange = lunar_cpu_arange,
     .rng_fill = lunar_cpu_rng_fill,
     .gemm = lunar_cpu_gemm,
+    .gemm_grouped = lunar_cpu_gemm_grouped,
     .binary = lunar_cpu_binary,
     .binary_scalar = lunar_cpu_binary_scalar,
     .unary = lunar_cpu_unary,
@@ -88,6 +89,9 @@ static const lunar_backend cpu_backend = {
     .argsort = lunar_cpu_argsort,
     .causal_mask = lunar_cpu_causal_mask,
     .block_mask = lunar_cpu_block_mask,
+    .attention_forward = lunar_cpu_attention_forward,
+    .attention_backward = lunar_cpu_attention_backward,
+    .index_scores = lunar_cpu_index_scores,
     .adamw_step = lunar_cpu_adamw_step,
     .fp8_block_dequant = lunar_cpu_fp8_block_dequant,
 };

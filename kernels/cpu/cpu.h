@@ -18,6 +18,9 @@ lunar_status lunar_cpu_rng_fill(lunar_ctx *ctx, lunar_tensor *out, lunar_rng_kin
 /* gemm.c */
 lunar_status lunar_cpu_gemm(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor *a, const lunar_tensor *b,
                             int trans_a, int trans_b, float alpha, float beta);
+lunar_status lunar_cpu_gemm_grouped(lunar_ctx *ctx, int n, lunar_tensor *const *c, const lunar_tensor *const *a,
+                                    const lunar_tensor *const *b, const int *trans_a, const int *trans_b, float alpha,
+                                    float beta);
 
 /* elementwise.c */
 lunar_status lunar_cpu_binary(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *a, const lunar_tensor *b,
@@ -96,10 +99,25 @@ lunar_status lunar_cpu_topk(lunar_ctx *ctx, lunar_tensor *values, lunar_tensor *
                             int64_t rows, int64_t n, int64_t k, int largest);
 lunar_status lunar_cpu_argsort(lunar_ctx *ctx, lunar_tensor *indices, const lunar_tensor *x, int64_t rows, int64_t n,
                                int descending);
+/* idx[0..k) = the positions of the k largest values of the row x[0..n) (ties to the lower
+ * position, as topk), in increasing position; O(n) radix select; scratch: 2n u32 */
+void lunar_cpu_topk_set(int64_t *idx, const float *x, int64_t n, int64_t k, uint32_t *scratch);
 
 /* mask.c */
 lunar_status lunar_cpu_causal_mask(lunar_ctx *ctx, lunar_tensor *out, int64_t offset);
 lunar_status lunar_cpu_block_mask(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *cu_seqlens, int causal);
+
+/* attention.c */
+lunar_status lunar_cpu_attention_forward(lunar_ctx *ctx, lunar_tensor *o, lunar_tensor *lse, const lunar_tensor *q,
+                                         const lunar_tensor *k, const lunar_tensor *v, const lunar_tensor *keys,
+                                         const lunar_tensor *mask, float scale);
+lunar_status lunar_cpu_attention_backward(lunar_ctx *ctx, lunar_tensor *dq, lunar_tensor *dk, lunar_tensor *dv,
+                                          const lunar_tensor *dout, const lunar_tensor *o, const lunar_tensor *lse,
+                                          const lunar_tensor *q, const lunar_tensor *k, const lunar_tensor *v,
+                                          const lunar_tensor *keys, const lunar_tensor *mask, float scale);
+lunar_status lunar_cpu_index_scores(lunar_ctx *ctx, lunar_tensor *scores, lunar_tensor *topk, const lunar_tensor *qi,
+                                    const lunar_tensor *ki, const lunar_tensor *w, const lunar_tensor *mask,
+                                    float scale);
 
 /* adamw.c */
 lunar_status lunar_cpu_adamw_step(lunar_ctx *ctx, lunar_tensor *param, lunar_tensor *master, lunar_tensor *m,

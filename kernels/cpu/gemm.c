@@ -55,3 +55,35 @@ lunar_status lunar_cpu_gemm(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor 
                     beta, pc + i * sc, (int)ldc);
     return LUNAR_OK;
 }
+
+/* Grouped 2-D products: moderately small ones (the experts of an MoE layer) run side by side,
+ * one OpenMP thread each with single-threaded BLAS (one product split over two threads pays a
+ * fork/join and halves its blocks); large ones go one at a time through the threaded gemm. Every
+ * product is one BLAS call either way: the results do not depend on the threads. */
+#define GROUP_SIDE_MAX_MACS (256LL * 1024 * 1024)
+#define GROUP_SIDE_MIN_MACS (4LL * 1024 * 1024)   /* below this in all, a parallel region costs more */
+
+lunar_status lunar_cpu_gemm_grouped(lunar_ctx *ctx, int n, lunar_tensor *const *c, const lunar_tensor *const *a,
+                                    const lunar_tensor *const *b, const int *trans_a, const int *trans_b, float alpha,
+                                    float beta) {
+    int threads = lunar_ctx_threads(ctx);
+    if (openblas_get_num_threads() != threads) openblas_set_num_threads(threads);
+    int64_t max_macs = 0, total = 0;
+    for (int i = 0; i < n; i++) {
+        int64_t macs = c[i]->shape[0] * c[i]->shape[1] * a[i]->shape[1 - trans_a[i]];
+        max_macs = macs > max_macs ? macs : max_macs;
+        total += macs;
+    }
+    if (threads > 1 && n > 1 && max_macs <= GROUP_SIDE_MAX_MACS && total >= GROUP_SIDE_MIN_MACS) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+        for (int i = 0; i < n; i++) {
+            cblas_sgemm(CblasRowMajor, trans_a[i] ? CblasTrans : CblasNoTrans, trans_b[i] ? CblasTrans : CblasNoTrans,
+                        (int)c[i]->shape[0], (int)c[i]->shape[1], (int)a[i]->shape[1 - trans_a[i]], alpha,
+                        lunar_tensor_data(a[i]), (int)lead_dim(a[i]), lunar_tensor_data(b[i]), (int)lead_dim(b[i]),
+                        beta, lunar_tensor_data(c[i]), (int)lead_dim(c[i]));
+        }
+        return LUNAR_OK;
+    }
+    for (int i = 0; i < n; i++) LUNAR_TRY(lunar_cpu_gemm(ctx, c[i], a[i], b[i], trans_a[i], trans_b[i], alpha, beta));
+    return LUNAR_OK;
+}

@@ -57,6 +57,57 @@ static void smallest_keys(uint64_t *h, const float *x, int64_t n, int64_t k, int
     }
 }
 
+/* order-preserving u32 of a float (NaN above +inf, -0 equal to +0), as sort_key's high half */
+static inline uint32_t value_key(float v) {
+    uint32_t u;
+    float z = v == 0.0f ? 0.0f : v;
+    memcpy(&u, &z, sizeof u);
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return v != v ? 0xFFFFFFFFu : u;
+}
+
+void lunar_cpu_topk_set(int64_t *idx, const float *x, int64_t n, int64_t k, uint32_t *scratch) {
+    uint32_t *key = scratch, *cand = scratch + n;
+    for (int64_t j = 0; j < n; j++) key[j] = value_key(x[j]);
+    /* MSD radix select of the k-th largest key: thr's bytes from the top; `need` of the keys
+     * equal to thr belong to the top k, every key above thr does */
+    uint32_t thr = 0, *c = key;
+    int64_t nc = n, need = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        int32_t cnt[4][256];
+        memset(cnt, 0, sizeof cnt);
+        int64_t i = 0;
+        for (; i + 4 <= nc; i += 4)   /* four histograms: no store-to-load chains on equal bytes */
+            for (int l = 0; l < 4; l++) cnt[l][(c[i + l] >> shift) & 255]++;
+        for (; i < nc; i++) cnt[0][(c[i] >> shift) & 255]++;
+        int d = 255;
+        int64_t above = 0;
+        for (;; d--) {
+            int64_t cd = cnt[0][d] + cnt[1][d] + cnt[2][d] + cnt[3][d];
+            if (above + cd >= need) break;
+            above += cd;
+        }
+        need -= above;
+        thr |= (uint32_t)d << shift;
+        if (shift == 0) break;
+        int64_t m = 0;
+        for (i = 0; i < nc; i++) {   /* candidates: the keys in bucket d */
+            uint32_t v = c[i];
+            cand[m] = v;
+            m += (int64_t)(((v >> shift) & 255) == (uint32_t)d);
+        }
+        c = cand, nc = m;
+    }
+    /* the set in increasing position: every key above thr, and the first `need` equal to it */
+    int64_t o = 0;
+    for (int64_t j = 0; j < n && o < k; j++) {
+        uint32_t v = key[j];
+        int eq = v == thr && need > 0;
+        need -= eq;
+        if (v > thr || eq) idx[o++] = j;
+    }
+}
+
 lunar_status lunar_cpu_topk(lunar_ctx *ctx, lunar_tensor *values, lunar_tensor *indices, const lunar_tensor *x,
                             int64_t rows, int64_t n, int64_t k, int largest) {
     (void)ctx;

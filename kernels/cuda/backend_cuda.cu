@@ -184,6 +184,9 @@ static lunar_backend make_cuda_backend(void) {
     b.argsort = lunar_cuda_argsort;
     b.causal_mask = lunar_cuda_causal_mask;
     b.block_mask = lunar_cuda_block_mask;
+    b.attention_forward = lunar_cuda_attention_forward;
+    b.attention_backward = lunar_cuda_attention_backward;
+    b.index_scores = lunar_cuda_index_scores;
     b.adamw_step = lunar_cuda_adamw_step;
     b.fp8_block_dequant = lunar_cuda_fp8_block_dequant;
     return b;

@@ -105,6 +105,18 @@ lunar_status lunar_cuda_argsort(lunar_ctx *ctx, lunar_tensor *indices, const lun
 lunar_status lunar_cuda_causal_mask(lunar_ctx *ctx, lunar_tensor *out, int64_t offset);
 lunar_status lunar_cuda_block_mask(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *cu_seqlens, int causal);
 
+/* attention.cu */
+lunar_status lunar_cuda_attention_forward(lunar_ctx *ctx, lunar_tensor *o, lunar_tensor *lse, const lunar_tensor *q,
+                                          const lunar_tensor *k, const lunar_tensor *v, const lunar_tensor *keys,
+                                          const lunar_tensor *mask, float scale);
+lunar_status lunar_cuda_attention_backward(lunar_ctx *ctx, lunar_tensor *dq, lunar_tensor *dk, lunar_tensor *dv,
+                                           const lunar_tensor *dout, const lunar_tensor *o, const lunar_tensor *lse,
+                                           const lunar_tensor *q, const lunar_tensor *k, const lunar_tensor *v,
+                                           const lunar_tensor *keys, const lunar_tensor *mask, float scale);
+lunar_status lunar_cuda_index_scores(lunar_ctx *ctx, lunar_tensor *scores, lunar_tensor *topk, const lunar_tensor *qi,
+                                     const lunar_tensor *ki, const lunar_tensor *w, const lunar_tensor *mask,
+                                     float scale);
+
 /* adamw.cu */
 lunar_status lunar_cuda_adamw_step(lunar_ctx *ctx, lunar_tensor *param, lunar_tensor *master, lunar_tensor *m,
                                   lunar_tensor *v, const lunar_tensor *grad, const lunar_adamw_hparams *hp);

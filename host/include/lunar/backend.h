@@ -58,6 +58,12 @@ struct lunar_backend {
     lunar_status (*gemm)(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor *a, const lunar_tensor *b,
                          int trans_a, int trans_b, float alpha, float beta);
 
+    /* optional: n 2-D products, each prepared as for gemm (its own trans flags after view flips);
+     * all inputs share one dtype and every c is that dtype. NULL: the host calls gemm n times. */
+    lunar_status (*gemm_grouped)(lunar_ctx *ctx, int n, lunar_tensor *const *c, const lunar_tensor *const *a,
+                                 const lunar_tensor *const *b, const int *trans_a, const int *trans_b, float alpha,
+                                 float beta);
+
     /* binary: a and b already have out's shape (the host expanded and copied broadcasts) */
     lunar_status (*binary)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *a, const lunar_tensor *b,
                            lunar_binary_op op);
@@ -144,6 +150,19 @@ struct lunar_backend {
 
     lunar_status (*causal_mask)(lunar_ctx *ctx, lunar_tensor *out, int64_t offset);
     lunar_status (*block_mask)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *cu_seqlens, int causal);
+
+    /* fused attention (ops.h): q, k, v, o, dout, dq, dk, dv in one float dtype; lse, mask f32;
+     * keys i64 or NULL, mask NULL when absent; keys values on the CPU are < T (host-checked) */
+    lunar_status (*attention_forward)(lunar_ctx *ctx, lunar_tensor *o, lunar_tensor *lse, const lunar_tensor *q,
+                                      const lunar_tensor *k, const lunar_tensor *v, const lunar_tensor *keys,
+                                      const lunar_tensor *mask, float scale);
+    lunar_status (*attention_backward)(lunar_ctx *ctx, lunar_tensor *dq, lunar_tensor *dk, lunar_tensor *dv,
+                                       const lunar_tensor *dout, const lunar_tensor *o, const lunar_tensor *lse,
+                                       const lunar_tensor *q, const lunar_tensor *k, const lunar_tensor *v,
+                                       const lunar_tensor *keys, const lunar_tensor *mask, float scale);
+    /* qi, ki in one float dtype; w, mask, scores f32; scores or topk may be NULL (not both) */
+    lunar_status (*index_scores)(lunar_ctx *ctx, lunar_tensor *scores, lunar_tensor *topk, const lunar_tensor *qi,
+                                 const lunar_tensor *ki, const lunar_tensor *w, const lunar_tensor *mask, float scale);
 
     /* param and grad each keep their own float dtype (a bf16 param may have an f32 grad) */
     lunar_status (*adamw_step)(lunar_ctx *ctx, lunar_tensor *param, lunar_tensor *master, lunar_tensor *m,

@@ -45,6 +45,13 @@ lunar_status lunar_synchronize(lunar_ctx *ctx, lunar_device dev);
 lunar_status lunar_gemm(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor *a, const lunar_tensor *b,
                         int trans_a, int trans_b, float alpha, float beta);
 
+/* n independent 2-D products c[i] = alpha * op(a[i]) @ op(b[i]) + beta * c[i], each as in
+ * lunar_gemm (the same trans flags, alpha and beta for all), with the same results as n
+ * lunar_gemm calls. The CPU runs moderately small products side by side, one thread each (the
+ * per-expert products of an MoE layer), instead of splitting each one over the threads. */
+lunar_status lunar_gemm_grouped(lunar_ctx *ctx, int n, lunar_tensor *const *c, const lunar_tensor *const *a,
+                                const lunar_tensor *const *b, int trans_a, int trans_b, float alpha, float beta);
+
 /* ---- elementwise ------------------------------------------------------------------------- */
 
 typedef enum lunar_binary_op {
@@ -215,6 +222,42 @@ lunar_status lunar_causal_mask(lunar_ctx *ctx, lunar_tensor *out, int64_t offset
 /* out (T, T) for packed sequences: cu_seqlens (S+1) i32/i64 with cu_seqlens[0] = 0 and
  * cu_seqlens[S] = T; k visible to q iff same document and (not causal or k <= q). */
 lunar_status lunar_block_mask(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *cu_seqlens, int causal);
+
+/* ---- fused attention (token-major, flash-style: no (T, T) matrix in memory) --------------- */
+
+/* Softmax attention of every query over its own set of candidate keys, HF eager semantics:
+ *   q (B, S, NH, Dq), k (B, T, Hk, Dq), v (B, T, Hk, Dv); Hk divides NH and query head h uses key
+ *   head h / (NH / Hk) (Hk = NH per head, Hk < NH grouped / GQA);
+ *   keys (B, S, K) i32/i64 or NULL: the candidate keys of query (b, s) are keys[b, s, :] (DSA
+ *   top-k; entries < 0 are ignored, a key listed twice counts once), or all T keys when NULL;
+ *   mask (B, S, T) additive f32 or NULL (lunar.nn.masks: 0 visible, f32 finfo.min hidden).
+ * The score of candidate key t is dot(q, k) * scale + mask[b, s, t]. A candidate whose mask value
+ * is <= -FLT_MAX (finfo.min or -inf) is not attendable: it gets probability exactly 0 and its
+ * products are never computed (so a causal mask halves the work). A query with no attendable key
+ * (a padded row) attends uniformly to all T keys, as the softmax of an all-finfo.min row does.
+ *   o (B, S, NH, Dv) = sum_t P[t] v[t], P = softmax over the attendable keys (f32 math);
+ *   lse (B, NH, S) f32 = log sum_t exp(score_t) over them (finfo.min for a padded row).
+ * Entries of keys >= T are an error on the CPU (checked on the host); CUDA kernels ignore them. */
+lunar_status lunar_attention_forward(lunar_ctx *ctx, lunar_tensor *o, lunar_tensor *lse, const lunar_tensor *q,
+                                     const lunar_tensor *k, const lunar_tensor *v, const lunar_tensor *keys,
+                                     const lunar_tensor *mask, float scale);
+/* dq, dk, dv (shapes of q, k, v; all written, "=") from dout (o's shape) and the forward's o and
+ * lse: P recomputed, D = rowsum(dout * o), dS = P (dout.v - D), dq = scale dS k,
+ * dk = scale dS^T q and dv = P^T dout summed over the queries and the heads sharing each key head.
+ * The CPU accumulates dk and dv in a fixed order (deterministic for any thread count). */
+lunar_status lunar_attention_backward(lunar_ctx *ctx, lunar_tensor *dq, lunar_tensor *dk, lunar_tensor *dv,
+                                      const lunar_tensor *dout, const lunar_tensor *o, const lunar_tensor *lse,
+                                      const lunar_tensor *q, const lunar_tensor *k, const lunar_tensor *v,
+                                      const lunar_tensor *keys, const lunar_tensor *mask, float scale);
+/* DSA lightning-indexer score (GLM-5 / DeepSeek-V3.2), f32:
+ *   scores (B, S, T)[b, s, t] = sum_h w[b, s, h] * relu(scale * dot(qi[b, s, h], ki[b, t])) + mask[b, s, t]
+ *   qi (B, S, Hi, Di), ki (B, T, Di), w (B, S, Hi) f32, mask (B, S, T) additive f32 or NULL.
+ * Keys whose mask value is <= -FLT_MAX get the mask value itself without their products being
+ * computed. topk (B, S, K) i64 or NULL: the keys of the K largest scores of each row (ties to the
+ * lower key, the set lunar_topk selects) in increasing key order (attention needs the set, not
+ * an order); scores may be NULL when topk is given. */
+lunar_status lunar_index_scores(lunar_ctx *ctx, lunar_tensor *scores, lunar_tensor *topk, const lunar_tensor *qi,
+                                const lunar_tensor *ki, const lunar_tensor *w, const lunar_tensor *mask, float scale);
 
 /* ---- optimizer ---------------------------------------------------------------------------- */
 

@@ -15,7 +15,17 @@
 --       gradient.
 --   S = attention.scores(q, k, scale)  -> q k^T * scale, (B, NH, S, T) f32 (no mask)
 --
--- Every product is one batched gemm over B*NHk (or B*NHv) groups: q viewed as
+--   o, saved = attention.forward(q, k, v, mask, scale, {keys =, dense = false})
+--       the same, through the fused op (lunar.ops.attention: no (S, T) matrix; masked keys cost
+--       nothing); opts.keys (B, S, K) i64 restricts each query to its listed keys (DSA). saved.P
+--       is computed densely on first access (inspection). dense = true: the gemm path below.
+--   o, saved = attention.forward_tokens(q, k, v, mask, scale, {keys =})   token-major
+--       q (B, S, NH, Dq), k (B, T, NHk, Dq), v (B, T, NHk, Dv) -> o (B, S, NH, Dv);
+--   dq, dk, dv = attention.backward_tokens(dout, saved)                    token-major
+--   forward_dense / backward_dense: the gemm composition (P (B, NH, S, T) saved), which the
+--       indexer KL loss uses because it needs P.
+--
+-- The dense path: every product is one batched gemm over B*NHk (or B*NHv) groups: q viewed as
 -- (B*NHk, G*S, Dq) against k (B*NHk, T, Dq), so no key is ever repeated in memory and there are
 -- no per-head loops.
 local lunar_core = require 'lunar.core'
@@ -70,7 +80,7 @@ function M.scores(q, k, scale)
     return scores(q:contiguous(), k:contiguous(), scale, B, NH, S, T, NHk)
 end
 
-function M.forward(q, k, v, mask, scale)
+function M.forward_dense(q, k, v, mask, scale)
     local B, NH, S, T, _, NHk, NHv, Dv = check(q, k, v, mask)
     if type(scale) ~= 'number' then tensor.fail('attention: scale must be a number, got ' .. type(scale)) end
     q, k, v = q:contiguous(), k:contiguous(), v:contiguous()
@@ -82,10 +92,10 @@ function M.forward(q, k, v, mask, scale)
     local Pv = v:dtype() == 'f32' and P or P:to(v:dtype())
     local o = lunar_core.empty({B, NH, S, Dv}, v:dtype(), v:device())
     ops.gemm(grouped(Pv, B, NHv, NH, S), v:view({B * NHv, T, Dv}), {out = grouped(o, B, NHv, NH, S)})
-    return o, {q = q, k = k, v = v, P = P, scale = scale, dims = {B, NH, S, T, NHk, NHv}}
+    return o, {q = q, k = k, v = v, P = P, scale = scale, dims = {B, NH, S, T, NHk, NHv}, dense = true}
 end
 
-function M.backward(dout, saved)
+function M.backward_dense(dout, saved)
     local B, NH, S, T, NHk, NHv = unpack(saved.dims)
     local q, k, v, P = saved.q, saved.k, saved.v, saved.P
     local Dq, Dv = q:size(4), v:size(4)
@@ -106,6 +116,77 @@ function M.backward(dout, saved)
         {trans_a = true, alpha = saved.scale, out = dk:view({B * NHk, T, Dq})})
     dS:free()
     return dq, dk, dv
+end
+
+-- ---- fused path (lunar.ops.attention: no (S, T) matrix) -----------------------------------------
+
+-- The probabilities of a fused forward, computed densely on first access of saved.P (for
+-- inspection and tests; the backward never needs them).
+local function dense_P(saved)
+    local q, k = saved.q, saved.k
+    if saved.layout == 'tokens' then q, k = q:transpose(2, 3), k:transpose(2, 3) end
+    local mask = saved.mask
+    if saved.keys ~= nil then
+        local masks = require 'lunar.nn.masks'
+        if mask == nil then
+            mask = lunar_core.empty({q:size(1), q:size(3), k:size(3)}, 'f32', q:device()):fill_(0)
+        end
+        mask = masks.select(mask, saved.keys)
+    end
+    local Sc = M.scores(q, k, saved.scale)
+    if mask ~= nil then ops.add_(Sc, mask:unsqueeze(2)) end
+    return ops.softmax(Sc, {out = Sc})
+end
+
+local saved_mt = {__index = function(t, key)
+    if key == 'P' then
+        local P = dense_P(t)
+        rawset(t, 'P', P)
+        return P
+    end
+end}
+
+local function check_tokens(q, k, v, mask, keys, scale)
+    for _, x in ipairs({{q, 'q'}, {k, 'k'}, {v, 'v'}}) do
+        if not tensor.is_tensor(x[1]) then tensor.fail(('attention: %s must be a tensor, got a %s'):format(x[2], type(x[1]))) end
+        if x[1]:dim() ~= 4 then tensor.fail(('attention: %s must be 4-dim (B, T, heads, D), got %s'):format(x[2], shape_str(x[1]))) end
+    end
+    if type(scale) ~= 'number' then tensor.fail('attention: scale must be a number, got ' .. type(scale)) end
+end
+
+-- Token-major fused attention: q (B, S, NH, Dq), k (B, T, Hk, Dq), v (B, T, Hk, Dv) -> o (B, S, NH, Dv).
+-- opts.keys (B, S, K) i64: each query attends only its listed keys (DSA), AND the mask.
+function M.forward_tokens(q, k, v, mask, scale, opts)
+    opts = opts or {}
+    check_tokens(q, k, v, mask, opts.keys, scale)
+    local o, lse = ops.attention(q, k, v, {keys = opts.keys, mask = mask, scale = scale})
+    return o, setmetatable({q = q, k = k, v = v, o = o, lse = lse, mask = mask, keys = opts.keys, scale = scale,
+                            layout = 'tokens'}, saved_mt)
+end
+
+-- -> dq, dk, dv in the layout of q, k, v (token-major), dk/dv summed over the sharing heads.
+function M.backward_tokens(dout, saved)
+    return ops.attention_backward(dout, saved.o, saved.lse, saved.q, saved.k, saved.v,
+        {keys = saved.keys, mask = saved.mask, scale = saved.scale})
+end
+
+function M.forward(q, k, v, mask, scale, opts)
+    local _, _, _, _, _, NHk, NHv = check(q, k, v, mask)
+    if type(scale) ~= 'number' then tensor.fail('attention: scale must be a number, got ' .. type(scale)) end
+    opts = opts or {}
+    -- the fused op shares one head count between k and v
+    if opts.dense or (NHk ~= NHv and opts.keys == nil) then return M.forward_dense(q, k, v, mask, scale) end
+    if NHk ~= NHv then tensor.fail('attention: keys = needs k and v with the same number of heads') end
+    local o, saved = M.forward_tokens(q:transpose(2, 3), k:transpose(2, 3), v:transpose(2, 3), mask, scale,
+        {keys = opts.keys})
+    saved.layout_in = 'heads'
+    return o:transpose(2, 3), saved
+end
+
+function M.backward(dout, saved)
+    if saved.dense then return M.backward_dense(dout, saved) end
+    local dq, dk, dv = M.backward_tokens(dout:transpose(2, 3), saved)
+    return dq:transpose(2, 3), dk:transpose(2, 3), dv:transpose(2, 3)
 end
 
 return M

@@ -13,7 +13,9 @@
 --       (layout [rope | pass], 'interleaved_to_half'); A[b,s,h,t] = ReLU(qi.ki * Di^-0.5);
 --       w = weights_proj(x) * Hi^-0.5 (f32, may be negative); I[b,s,t] = sum_h w*A, then
 --       I + mask; topk over keys with k = min(index_topk, T) -> (B, T, k) i64 0-based.
---       saved.scores is I + mask (B, T, T) f32. keep = true keeps what the KL loss needs.
+--       saved.scores is I + mask (B, T, T) f32. keep = true keeps what the KL loss needs (and
+--       computes I with gemms); otherwise the fused lunar.ops.index_scores computes the scores
+--       and the top-k without the masked keys' products (scores = false: the top-k only).
 --   The indexer never gets a gradient from the LM loss (HF runs it under no_grad), and nothing
 --   flows from it into x or q_resid.
 --
@@ -77,30 +79,32 @@ function DSA:forward(x, q_resid, batch, opts)
     local kpre, sk = self.wk:forward(x)
     local kn, mean, rstd = ops.layernorm(kpre, self.store:get(self.knw), self.store:get(self.knb), self.eps)
     local kr = ops.rope(kn:view({B, T, 1, Di}), batch.positions, batch.inv_freq, rope_opts(batch))
+    -- head weights in f32 (HF keeps weights_proj in f32)
+    local wts, sw = self.weights_proj:forward(x)
+    if wts:dtype() ~= 'f32' then wts = wts:to('f32') end
+    ops.mul_(wts, Hi ^ -0.5)
+    local k = math.min(self.topk, T)
+    if not opts.keep then
+        -- fused: I + mask and its top-k in one op, masked keys never computed
+        local scores, topk = ops.index_scores(qr, kr:view({B, T, Di}), wts:view({B, T, Hi}),
+            {mask = batch.mask, scale = Di ^ -0.5, topk = k, scores = opts.scores ~= false})
+        return topk, {scores = scores, k = k}
+    end
     -- per-head scores A = ReLU(qi . ki * Di^-0.5): (B, T*Hi, Di) x (B, T, Di)^T -> (B*T, Hi, T)
     local A = lunar_core.empty({B * T, Hi, T}, 'f32', x:device())
     ops.gemm(qr:view({B, T * Hi, Di}), kr:view({B, T, Di}),
         {trans_b = true, alpha = Di ^ -0.5, out = A:view({B, T * Hi, T})})
     ops.relu(A, {out = A})
-    -- head weights in f32 (HF keeps weights_proj in f32)
-    local wts, sw = self.weights_proj:forward(x)
-    if wts:dtype() ~= 'f32' then wts = wts:to('f32') end
-    ops.mul_(wts, Hi ^ -0.5)
     -- I[b, s, t] = sum_h w[b, s, h] A[b, s, h, t]: (B*T, 1, Hi) x (B*T, Hi, T)
     local I = lunar_core.empty({B, T, T}, 'f32', x:device())
     ops.gemm(wts:view({B * T, 1, Hi}), A, {out = I:view({B * T, 1, T})})
     local scores = batch.mask and ops.add(I, batch.mask) or I
-    local k = math.min(self.topk, T)
     local _, topk = ops.topk(scores, k)
     local saved = {scores = scores, k = k}
-    if opts.keep then
-        saved.I, saved.A, saved.qr, saved.kr, saved.wts = I, A, qr, kr, wts
-        saved.sq, saved.sk, saved.sw = sq, sk, sw
-        saved.kpre, saved.mean, saved.rstd = kpre, mean, rstd
-        saved.batch = batch
-    else
-        A:free()
-    end
+    saved.I, saved.A, saved.qr, saved.kr, saved.wts = I, A, qr, kr, wts
+    saved.sq, saved.sk, saved.sw = sq, sk, sw
+    saved.kpre, saved.mean, saved.rstd = kpre, mean, rstd
+    saved.batch = batch
     return topk, saved
 end
 

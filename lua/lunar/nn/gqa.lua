@@ -64,19 +64,19 @@ end
 
 local function rope_opts(batch) return {layout = 'half', scale = batch.rope_scale or 1} end
 
--- (N, heads*hd) projection -> optional per-head RMSNorm -> RoPE -> (B, heads, T, hd) contiguous
+-- (N, heads*hd) projection -> optional per-head RMSNorm -> RoPE -> (B, T, heads, hd) contiguous
 function GQA:qk_forward(y, heads, norm, batch)
     local B, T, hd = batch.B, batch.T, self.hd
     local ns
     if norm then y, ns = norm:forward(y:view({B * T * heads, hd})) end
     local r = ops.rope(y:view({B, T, heads, hd}), batch.positions, batch.inv_freq, rope_opts(batch))
-    return r:transpose(2, 3):contiguous(), ns
+    return r, ns
 end
 
 function GQA:qk_backward(dh, norm, ns, batch)
     local B, T, hd = batch.B, batch.T, self.hd
-    local heads = dh:size(2)
-    local d = ops.rope_backward(dh:transpose(2, 3), batch.positions, batch.inv_freq, rope_opts(batch))
+    local heads = dh:size(3)
+    local d = ops.rope_backward(dh, batch.positions, batch.inv_freq, rope_opts(batch))
     d = d:view({B * T * heads, hd})
     if norm then d = norm:backward(d, ns) end
     return d:view({B * T, heads * hd})
@@ -100,11 +100,10 @@ function GQA:forward(x, batch)
     local qh, kh
     qh, saved.qn = self:qk_forward(q, NH, self.q_norm, batch)
     kh, saved.kn = self:qk_forward(k, nkv, self.k_norm, batch)
-    local vh = v:view({B, T, nkv, hd}):transpose(2, 3):contiguous()
     local o
-    o, saved.att = attention.forward(qh, kh, vh, batch.mask, self.scaling)
+    o, saved.att = attention.forward_tokens(qh, kh, v:view({B, T, nkv, hd}), batch.mask, self.scaling)
     local out
-    out, saved.o = self.o_proj:forward(o:transpose(2, 3):contiguous():view({N, NH * hd}))
+    out, saved.o = self.o_proj:forward(o:view({N, NH * hd}))
     return out, saved
 end
 
@@ -113,10 +112,9 @@ function GQA:backward(dout, saved, need_dx)
     local B, T, NH, nkv, hd = batch.B, batch.T, self.NH, self.nkv, self.hd
     local N = B * T
     local dof = self.o_proj:backward(dout, saved.o)
-    local dqh, dkh, dvh = attention.backward(dof:view({B, T, NH, hd}):transpose(2, 3), saved.att)
+    local dqh, dkh, dv = attention.backward_tokens(dof:view({B, T, NH, hd}), saved.att)
     local dq = self:qk_backward(dqh, self.q_norm, saved.qn, batch)
     local dk = self:qk_backward(dkh, self.k_norm, saved.kn, batch)
-    local dv = lunar_core.empty({B, T, nkv, hd}, dvh:dtype(), dvh:device()):copy_(dvh:transpose(2, 3))
     local dx = self.q_proj:backward(dq, saved.q, need_dx)
     local dx2 = self.k_proj:backward(dk, saved.k, need_dx)
     local dx3 = self.v_proj:backward(dv:view({N, nkv * hd}), saved.v, need_dx)

@@ -132,23 +132,19 @@ function MLA:forward(x, batch, prev_topk)
     local key = lunar_core.empty({B, T, NH, Dqk}, kvb:dtype(), kvb:device())
     key:narrow(4, 1, Dn):copy_(kvb4:narrow(4, 1, Dn))
     key:narrow(4, Dn + 1, Dr):copy_(k_rot:expand({B, T, NH, Dr}))
-    -- heads first for the batched products
-    local qh = query:transpose(2, 3):contiguous()
-    local kh = key:transpose(2, 3):contiguous()
-    local vh = kvb4:narrow(4, Dn + 1, Dv):transpose(2, 3):contiguous()
     -- DSA selection
     local topk, isaved
     local mask = batch.mask
+    local kl = self.indexer_type == 'full' and self.indexer_loss_coeff > 0
     if self.indexer_type == 'full' then
-        local keep = self.indexer_loss_coeff > 0
-        if T <= self.index_topk and not keep then
+        if T <= self.index_topk and not kl then
             -- every key is selected whatever the scores (section 6.3), so the scores are not
             -- computed: topk[b, s] = 0 .. T-1 (HF returns the same set in score order)
             topk = lunar_core.empty({B, T, T}, 'i64', x:device())
             topk:copy_(lunar_core.empty({1, 1, T}, 'i64', x:device()):arange_(0, 1):expand({B, T, T}))
         else
-            topk, isaved = self.indexer:forward(x, q_resid, batch, {keep = keep})
-            saved.isaved = isaved
+            topk, isaved = self.indexer:forward(x, q_resid, batch, {keep = kl, scores = kl})
+            if kl then saved.isaved = isaved end
         end
     elseif self.indexer_type == 'shared' then
         if prev_topk == nil then
@@ -156,12 +152,25 @@ function MLA:forward(x, batch, prev_topk)
         end
         topk = prev_topk
     end
-    local amask = mask
-    if topk ~= nil and topk:size(3) < T then amask = masks.select(mask, topk) end
-    local o, asaved = attention.forward(qh, kh, vh, amask, self.scaling)
-    saved.att = asaved
-    -- indexer KL loss (detached target from the main attention)
-    if self.indexer_type == 'full' and self.indexer_loss_coeff > 0 then
+    local keys = (topk ~= nil and topk:size(3) < T) and topk or nil
+    local v = kvb4:narrow(4, Dn + 1, Dv):contiguous()
+    local o
+    if not kl then
+        -- fused, token-major: each query attends its top-k keys that the mask shows
+        local asaved
+        o, asaved = attention.forward_tokens(query, key, v, mask, self.scaling, {keys = keys})
+        saved.att = asaved
+    else
+        -- the indexer KL loss needs the probabilities: the dense path (heads first)
+        local qh = query:transpose(2, 3):contiguous()
+        local kh = key:transpose(2, 3):contiguous()
+        local vh = v:transpose(2, 3):contiguous()
+        local amask = keys and masks.select(mask, keys) or mask
+        local asaved
+        o, asaved = attention.forward_dense(qh, kh, vh, amask, self.scaling)
+        saved.att = asaved
+        o = o:transpose(2, 3)
+        -- indexer KL loss (detached target from the main attention)
         local valid = masks.query_valid(mask, batch.attention_mask)
         local p, smask
         if self.indexer_loss == 'sparse' then
@@ -174,8 +183,8 @@ function MLA:forward(x, batch, prev_topk)
         end
         saved.indexer_loss = self.indexer:kl_loss(isaved, p, smask, valid, self.indexer_loss_coeff)
     end
-    -- (B, NH, T, Dv) -> (B, T, NH*Dv) head-major -> o_proj
-    local of = o:transpose(2, 3):contiguous():view({N, NH * Dv})
+    -- (B, T, NH, Dv) -> (N, NH*Dv) head-major features -> o_proj
+    local of = o:contiguous():view({N, NH * Dv})
     local out
     out, saved.o = self.o_proj:forward(of)
     return out, saved, topk
@@ -188,13 +197,18 @@ function MLA:backward(dout, saved, need_dx)
     local indexer_loss = saved.indexer_loss
     if saved.isaved then self.indexer:backward(saved.isaved) end
     local dof = self.o_proj:backward(dout, saved.o)
-    local doh = dof:view({B, T, NH, Dv}):transpose(2, 3)
-    local dqh, dkh, dvh = attention.backward(doh, saved.att)
+    local dq, dk, dv
+    if saved.att.dense then
+        local dqh, dkh, dvh = attention.backward_dense(dof:view({B, T, NH, Dv}):transpose(2, 3), saved.att)
+        dq, dk, dv = dqh:transpose(2, 3), dkh:transpose(2, 3), dvh:transpose(2, 3)
+    else
+        dq, dk, dv = attention.backward_tokens(dof:view({B, T, NH, Dv}), saved.att)
+    end
     -- dkvb (B, T, NH, Dn+Dv) = [dk_nope | dv], d k_rot = sum over heads of dk[..., Dn:]
-    local dkvb = lunar_core.empty({B, T, NH, Dn + Dv}, dkh:dtype(), dkh:device())
-    dkvb:narrow(4, 1, Dn):copy_(dkh:narrow(4, 1, Dn):transpose(2, 3))
-    dkvb:narrow(4, Dn + 1, Dv):copy_(dvh:transpose(2, 3))
-    local dkrot = ops.sum(dkh:narrow(4, Dn + 1, Dr), 2)                 -- (B, T, Dr)
+    local dkvb = lunar_core.empty({B, T, NH, Dn + Dv}, dk:dtype(), dk:device())
+    dkvb:narrow(4, 1, Dn):copy_(dk:narrow(4, 1, Dn))
+    dkvb:narrow(4, Dn + 1, Dv):copy_(dv)
+    local dkrot = ops.sum(dk:narrow(4, Dn + 1, Dr), 3)                 -- (B, T, Dr)
     local dk_lat = self.kv_b_proj:backward(dkvb:view({N, NH * (Dn + Dv)}), saved.kvb)
     local dckv = lunar_core.empty({N, Rkv + Dr}, dk_lat:dtype(), dk_lat:device())
     dckv:narrow(2, 1, Rkv):copy_(self.kv_a_layernorm:backward(dk_lat, saved.kvn))
@@ -202,10 +216,9 @@ function MLA:backward(dout, saved, need_dx)
         {layout = 'interleaved_to_half', scale = batch.rope_scale or 1, out = dckv:narrow(2, Rkv + 1, Dr):view({B, T, 1, Dr})})
     local dx = self.kv_a_proj:backward(dckv, saved.kva, need_dx)
     -- q: [dq_nope | RoPE^-1(dq_rot)] -> q_b_proj -> q_a_layernorm -> q_a_proj
-    local dq4 = lunar_core.empty({B, T, NH, Dqk}, dqh:dtype(), dqh:device())
-    local dqt = dqh:transpose(2, 3)
-    dq4:narrow(4, 1, Dn):copy_(dqt:narrow(4, 1, Dn))
-    ops.rope_backward(dqt:narrow(4, Dn + 1, Dr), batch.positions, batch.inv_freq,
+    local dq4 = lunar_core.empty({B, T, NH, Dqk}, dq:dtype(), dq:device())
+    dq4:narrow(4, 1, Dn):copy_(dq:narrow(4, 1, Dn))
+    ops.rope_backward(dq:narrow(4, Dn + 1, Dr), batch.positions, batch.inv_freq,
         {layout = 'interleaved_to_half', scale = batch.rope_scale or 1, out = dq4:narrow(4, Dn + 1, Dr)})
     local dq_resid = self.q_b_proj:backward(dq4:view({N, NH * Dqk}), saved.qb)
     local dqa = self.q_a_layernorm:backward(dq_resid, saved.qn)

@@ -227,25 +227,36 @@ function MoE:forward(x, opts)
         local xs = ops.index_select(x, 1, tok)                        -- (NK, H)
         G = core.empty({NK, Im}, dt, dev)
         U = core.empty({NK, Im}, dt, dev)
+        -- the experts' products side by side (gemm_grouped), gate and up together
+        local as, bs, cs = {}, {}, {}
         for _, h in ipairs(hits) do
             local xe = xs:narrow(1, h.off, h.n)
-            local Gb, Ub = G:narrow(1, h.off, h.n), U:narrow(1, h.off, h.n)
-            ops.gemm(xe, store:get(self.gate_names[h.e]), {trans_b = true, out = Gb})
-            ops.gemm(xe, store:get(self.up_names[h.e]), {trans_b = true, out = Ub})
-            if ls then
+            as[#as + 1], bs[#bs + 1], cs[#cs + 1] = xe, store:get(self.gate_names[h.e]), G:narrow(1, h.off, h.n)
+            as[#as + 1], bs[#bs + 1], cs[#cs + 1] = xe, store:get(self.up_names[h.e]), U:narrow(1, h.off, h.n)
+        end
+        ops.gemm_grouped(as, bs, {trans_b = true, out = cs})
+        if ls then   -- the adapters add their low-rank path into the base products
+            for _, h in ipairs(hits) do
+                local xe = xs:narrow(1, h.off, h.n)
                 local ag, au = store:adapter(self.gate_mods[h.e]), store:adapter(self.up_mods[h.e])
-                if ag then ls.gate[h.e] = lora.forward(ag, xe, Gb) end
-                if au then ls.up[h.e] = lora.forward(au, xe, Ub) end
+                if ag then ls.gate[h.e] = lora.forward(ag, xe, G:narrow(1, h.off, h.n)) end
+                if au then ls.up[h.e] = lora.forward(au, xe, U:narrow(1, h.off, h.n)) end
             end
         end
         xs:free()
         local A = activate(self.act, G, U)
         local Y = core.empty({NK, H}, dt, dev)
+        as, bs, cs = {}, {}, {}
         for _, h in ipairs(hits) do
-            local Ab, Yb = A:narrow(1, h.off, h.n), Y:narrow(1, h.off, h.n)
-            ops.gemm(Ab, store:get(self.down_names[h.e]), {trans_b = true, out = Yb})
-            local ad = ls and store:adapter(self.down_mods[h.e])
-            if ad then ls.down[h.e] = lora.forward(ad, Ab, Yb) end
+            as[#as + 1], bs[#bs + 1], cs[#cs + 1] = A:narrow(1, h.off, h.n), store:get(self.down_names[h.e]),
+                Y:narrow(1, h.off, h.n)
+        end
+        ops.gemm_grouped(as, bs, {trans_b = true, out = cs})
+        if ls then
+            for _, h in ipairs(hits) do
+                local ad = store:adapter(self.down_mods[h.e])
+                if ad then ls.down[h.e] = lora.forward(ad, A:narrow(1, h.off, h.n), Y:narrow(1, h.off, h.n)) end
+            end
         end
         A:free()
         ops.mul(Y, wsorted, {out = Y})
@@ -293,13 +304,21 @@ function MoE:backward(dy, saved, need_dx)
         local dys = ops.index_select(dy, 1, tok)                      -- (NK, H), unscaled
         local A = activate(self.act, saved.G, saved.U)                -- (NK, Im)
         local dA = core.empty({NK, Im}, dt, dev)
-        local ls = saved.lora
+        local as, bs, cs = {}, {}, {}
         for _, h in ipairs(hits) do
-            local dyb, dAb = dys:narrow(1, h.off, h.n), dA:narrow(1, h.off, h.n)
-            ops.gemm(dyb, store:get(self.down_names[h.e]), {out = dAb})
-            -- the adapter's share of d act (unscaled like dA): dA += mask * (s dy B) A
-            local sv = ls and ls.down[h.e]
-            if sv then lora.backward(store:adapter(self.down_mods[h.e]), dyb, sv, A:narrow(1, h.off, h.n), dAb, 'input') end
+            as[#as + 1], bs[#bs + 1], cs[#cs + 1] = dys:narrow(1, h.off, h.n), store:get(self.down_names[h.e]),
+                dA:narrow(1, h.off, h.n)
+        end
+        ops.gemm_grouped(as, bs, {out = cs})
+        local ls = saved.lora
+        if ls then   -- the adapter's share of d act (unscaled like dA): dA += mask * (s dy B) A
+            for _, h in ipairs(hits) do
+                local sv = ls.down[h.e]
+                if sv then
+                    lora.backward(store:adapter(self.down_mods[h.e]), dys:narrow(1, h.off, h.n), sv,
+                        A:narrow(1, h.off, h.n), dA:narrow(1, h.off, h.n), 'input')
+                end
+            end
         end
         -- a = <dy, y_unscaled> = <dy W_down, act> (+ the adapter's part, through dA)
         local prod = ops.mul(dA, A, {out = core.empty({NK, Im}, 'f32', dev)})
@@ -318,32 +337,44 @@ function MoE:backward(dy, saved, need_dx)
         end
         ops.mul(dA, ws, {out = dA})
         ops.mul(A, ws, {out = A})
+        as, bs, cs = {}, {}, {}
         for _, h in ipairs(hits) do
             local gd = store:grad(self.down_names[h.e])
             if gd then
-                ops.gemm(dys:narrow(1, h.off, h.n), A:narrow(1, h.off, h.n), {trans_a = true, out = gd, beta = 1})
+                as[#as + 1], bs[#bs + 1], cs[#cs + 1] = dys:narrow(1, h.off, h.n), A:narrow(1, h.off, h.n), gd
             end
         end
+        ops.gemm_grouped(as, bs, {trans_a = true, out = cs, beta = 1})
         A:free()
         dys:free()
         local dG, dU = MLP.activate_backward(self.act, dA, saved.G, saved.U)
         dA:free()
         local dXs = want_dx and core.empty({NK, H}, dt, dev) or nil
+        local wa, wb, wc = {}, {}, {}           -- weight gradients (+=)
+        local ga, gb, gc, ua, ub, uc = {}, {}, {}, {}, {}, {}   -- dX = dG Wg, then += dU Wu
         for _, h in ipairs(hits) do
             local e, o, n = h.e, h.off, h.n
             local xe, dGe, dUe = xs:narrow(1, o, n), dG:narrow(1, o, n), dU:narrow(1, o, n)
             local gg, gu = store:grad(self.gate_names[e]), store:grad(self.up_names[e])
-            if gg then ops.gemm(dGe, xe, {trans_a = true, out = gg, beta = 1}) end
-            if gu then ops.gemm(dUe, xe, {trans_a = true, out = gu, beta = 1}) end
-            local dxe
+            if gg then wa[#wa + 1], wb[#wb + 1], wc[#wc + 1] = dGe, xe, gg end
+            if gu then wa[#wa + 1], wb[#wb + 1], wc[#wc + 1] = dUe, xe, gu end
             if dXs then
-                dxe = dXs:narrow(1, o, n)
-                ops.gemm(dGe, store:get(self.gate_names[e]), {out = dxe})
-                ops.gemm(dUe, store:get(self.up_names[e]), {out = dxe, beta = 1})
+                local dxe = dXs:narrow(1, o, n)
+                ga[#ga + 1], gb[#gb + 1], gc[#gc + 1] = dGe, store:get(self.gate_names[e]), dxe
+                ua[#ua + 1], ub[#ub + 1], uc[#uc + 1] = dUe, store:get(self.up_names[e]), dxe
             end
-            if ls then
-                if ls.gate[e] then lora.backward(store:adapter(self.gate_mods[e]), dGe, ls.gate[e], xe, dxe) end
-                if ls.up[e] then lora.backward(store:adapter(self.up_mods[e]), dUe, ls.up[e], xe, dxe) end
+        end
+        ops.gemm_grouped(wa, wb, {trans_a = true, out = wc, beta = 1})
+        if dXs then
+            ops.gemm_grouped(ga, gb, {out = gc})
+            ops.gemm_grouped(ua, ub, {out = uc, beta = 1})
+        end
+        if ls then   -- the adapters: their parameter gradients, and their share of dX (after the base dX)
+            for _, h in ipairs(hits) do
+                local e, o, n = h.e, h.off, h.n
+                local xe, dxe = xs:narrow(1, o, n), dXs and dXs:narrow(1, o, n) or nil
+                if ls.gate[e] then lora.backward(store:adapter(self.gate_mods[e]), dG:narrow(1, o, n), ls.gate[e], xe, dxe) end
+                if ls.up[e] then lora.backward(store:adapter(self.up_mods[e]), dU:narrow(1, o, n), ls.up[e], xe, dxe) end
             end
         end
         dG:free()

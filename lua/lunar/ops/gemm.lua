@@ -3,6 +3,10 @@
 --       c = alpha * op(a) @ op(b) + beta * c, op(x) = x or its transpose (last two dims).
 --       a, b are 2-D or 3-D (batched over dim 1; one of them may be 2-D, shared by the batch).
 --       Without out, c is new (beta is ignored) with the inputs' dtype (f32 if they differ).
+--   gemm_grouped(as, bs, {trans_a=, trans_b=, alpha=1, beta=0, out=})
+--       n independent 2-D products (lists as, bs, and out, a list of c, or new tensors): the same
+--       numbers as n gemm calls; the CPU runs moderately small ones side by side, one thread
+--       each (MoE experts). Returns the list of c.
 --   matmul(a, b, {out=})   like torch.matmul for 1-D, 2-D and 3-D operands (t:matmul(b) too)
 -- Transposed and narrowed views go to BLAS without copies.
 local core = require 'lunar.core'
@@ -42,6 +46,26 @@ function M.gemm(a, b, opts)
         beta = 0
     end
     return C.gemm(c, a, b, ta, tb, opts.alpha or 1, beta)
+end
+
+function M.gemm_grouped(as, bs, opts)
+    opts = opts or {}
+    if type(as) ~= 'table' or type(bs) ~= 'table' then tensor.fail('gemm_grouped: a and b must be lists of tensors') end
+    local ta, tb = opts.trans_a and true or false, opts.trans_b and true or false
+    local cs, beta = opts.out, opts.beta or 0
+    if not cs then
+        cs, beta = {}, 0
+        for i, a in ipairs(as) do
+            local b = bs[i]
+            check_tensor(a, 'a', 'gemm_grouped')
+            check_tensor(b, 'b', 'gemm_grouped')
+            if a:dim() ~= 2 or b:dim() ~= 2 then
+                tensor.fail(('gemm_grouped: product %d: a %s and b %s must be 2-dim'):format(i, shape_str(a), shape_str(b)))
+            end
+            cs[i] = core.empty({a:size(ta and 2 or 1), b:size(tb and 1 or 2)}, result_dtype(a, b), a:device())
+        end
+    end
+    return C.gemm_grouped(cs, as, bs, ta, tb, opts.alpha or 1, beta)
 end
 
 -- torch.matmul for up to 3 dims: 1-D operands become a row (a) or a column (b) that is
