@@ -108,8 +108,13 @@ function M.run(cfg)
     local adapters
     if cfg.peft then
         -- a resumed LoRA run reads its adapters back (the base weights come from model.path)
-        if st then adapters = lunar.peft.load(model, st.model_dir)
-        else adapters = lunar.peft.apply(model, cfg.peft) end
+        if st then
+            adapters = lunar.peft.load(model, st.model_dir)
+            -- the dropout stream continues where it stopped (its draws count is in the checkpoint)
+            if st.extra and st.extra.lora_rng then adapters:set_rng_state(st.extra.lora_rng) end
+        else
+            adapters = lunar.peft.apply(model, cfg.peft)
+        end
         params = adapters.params
     end
     log(cfg, 'model: %s, %.2fM parameters (%.2fM trainable)', model.cfg.architecture, model.params:count() / 1e6,
@@ -169,10 +174,12 @@ function M.run(cfg)
         if cm:due(step, step == cfg.train.steps) then
             cm:save(step, {
                 save_model = function(dir)
-                    if adapters then lunar.peft.save(model, dir)
+                    -- the checkpoint keeps the real dropout (PEFT's own files may say 0, see peft.save)
+                    if adapters then lunar.peft.save(model, dir, {lora_dropout = cfg.peft.dropout or 0})
                     else model:save_hf(dir, {keep_dtype = true}) end
                 end,
-                optimizer = opt:state_dict(), data = loader:state(), metrics = {loss = loss_sum}})
+                optimizer = opt:state_dict(), data = loader:state(), metrics = {loss = loss_sum},
+                extra = adapters and {lora_rng = adapters:rng_state()} or nil})
         end
         if cfg.stop_after and step >= cfg.stop_after then break end
     end
