@@ -143,8 +143,12 @@ function M.check_runnable(cfg)
             cfg.name, n, cfg.hardware.nodes, cfg.hardware.nodes == 1 and '' or 's', cfg.hardware.gpus_per_node,
             cfg.hardware.gpu, p.tp, p.pp, p.cp, p.ep), 0)
     end
-    if cfg.model.device ~= 'cpu' and lunar.device_count('cuda') == 0 then
-        error(('recipe %s wants model.device=%s but no CUDA device is available'):format(cfg.name, cfg.model.device), 0)
+    -- cpu:N (N >= 1) are the debug devices of LUNAR_FAKE_CPU_DEVICES
+    local kind, index = tostring(cfg.model.device):match('^(%a+):?(%d*)$')
+    local have = (kind == 'cpu' or kind == 'cuda') and lunar.device_count(kind) or 0
+    if have <= (tonumber(index) or 0) then
+        error(('recipe %s wants model.device=%s but %s'):format(cfg.name, cfg.model.device,
+            kind == 'cuda' and 'no such CUDA device is available' or 'there is no such device'), 0)
     end
     if not cfg.tokenizer then error(('recipe %s: set tokenizer (a tokenizer.json)'):format(cfg.name), 0) end
     for _, p in ipairs({cfg.tokenizer, cfg.model.path or nil}) do

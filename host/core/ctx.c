@@ -22,6 +22,11 @@ lunar_status lunar_ctx_init(lunar_ctx **out) {
 #endif
     if (threads <= 0) threads = 1;
     lunar_ctx_set_threads(ctx, threads);
+    const char *fake = getenv("LUNAR_FAKE_CPU_DEVICES");
+    if (fake && *fake) {
+        int n = atoi(fake);
+        ctx->fake_cpu_devices = n < 0 ? 0 : n >= LUNAR_MAX_CPU_DEVICES ? LUNAR_MAX_CPU_DEVICES - 1 : n;
+    }
     *out = ctx;
     return LUNAR_OK;
 }
@@ -30,7 +35,8 @@ void lunar_ctx_free(lunar_ctx *ctx) {
     if (!ctx) return;
     while (ctx->scope_depth > 0) lunar_scope_pop(ctx);
     free(ctx->scopes);
-    if (ctx->cpu_pool) lunar_pool_destroy(ctx, ctx->cpu_pool);
+    for (int i = 0; i < LUNAR_MAX_CPU_DEVICES; i++)
+        if (ctx->cpu_pools[i]) lunar_pool_destroy(ctx, ctx->cpu_pools[i]);
     for (int i = 0; i < LUNAR_MAX_CUDA_DEVICES; i++)
         if (ctx->cuda_pools[i]) lunar_pool_destroy(ctx, ctx->cuda_pools[i]);
     for (int t = 0; t < LUNAR_DEVICE_TYPE_COUNT; t++)
@@ -108,7 +114,9 @@ void lunar_ctx_set_backend_state(lunar_ctx *ctx, int device_type, void *state) {
 lunar_status lunar_ctx_pool(lunar_ctx *ctx, lunar_device dev, lunar_pool **out) {
     lunar_pool **slot = NULL;
     if (dev.type == LUNAR_DEVICE_CPU) {
-        slot = &ctx->cpu_pool;
+        if (dev.index < 0 || dev.index >= LUNAR_MAX_CPU_DEVICES)
+            return LUNAR_FAIL(ctx, LUNAR_ERR_DEVICE, "cpu device index %d out of range", dev.index);
+        slot = &ctx->cpu_pools[dev.index];
     } else if (dev.type == LUNAR_DEVICE_CUDA) {
         if (dev.index < 0 || dev.index >= LUNAR_MAX_CUDA_DEVICES)
             return LUNAR_FAIL(ctx, LUNAR_ERR_DEVICE, "cuda device index %d out of range", dev.index);
@@ -121,10 +129,27 @@ lunar_status lunar_ctx_pool(lunar_ctx *ctx, lunar_device dev, lunar_pool **out) 
     return LUNAR_OK;
 }
 
+int lunar_ctx_cpu_device_count(const lunar_ctx *ctx) { return 1 + ctx->fake_cpu_devices; }
+
+lunar_transfer_stats lunar_ctx_transfer_stats(const lunar_ctx *ctx) { return ctx->transfers; }
+
+void lunar_ctx_count_transfer(lunar_ctx *ctx, int to_host, size_t nbytes) {
+    if (to_host) {
+        ctx->transfers.to_host++;
+        ctx->transfers.to_host_bytes += nbytes;
+    } else {
+        ctx->transfers.from_host++;
+        ctx->transfers.from_host_bytes += nbytes;
+    }
+}
+
 int lunar_device_equal(lunar_device a, lunar_device b) { return a.type == b.type && a.index == b.index; }
 
+int lunar_device_is_host(lunar_device d) { return d.type == LUNAR_DEVICE_CPU && d.index == 0; }
+
 void lunar_device_format(lunar_device d, char *buf, size_t n) {
-    if (d.type == LUNAR_DEVICE_CPU) snprintf(buf, n, "cpu");
+    if (d.type == LUNAR_DEVICE_CPU && d.index == 0) snprintf(buf, n, "cpu");
+    else if (d.type == LUNAR_DEVICE_CPU) snprintf(buf, n, "cpu:%d", d.index);
     else if (d.type == LUNAR_DEVICE_CUDA) snprintf(buf, n, "cuda:%d", d.index);
     else snprintf(buf, n, "device%d:%d", d.type, d.index);
 }
@@ -132,6 +157,14 @@ void lunar_device_format(lunar_device d, char *buf, size_t n) {
 int lunar_device_parse(const char *s, lunar_device *out) {
     if (!s) return 0;
     if (strcmp(s, "cpu") == 0) { out->type = LUNAR_DEVICE_CPU; out->index = 0; return 1; }
+    if (strncmp(s, "cpu:", 4) == 0 && s[4]) {
+        char *end = NULL;
+        long i = strtol(s + 4, &end, 10);
+        if (*end || i < 0 || i >= LUNAR_MAX_CPU_DEVICES) return 0;
+        out->type = LUNAR_DEVICE_CPU;
+        out->index = (int)i;
+        return 1;
+    }
     if (strncmp(s, "cuda", 4) == 0) {
         if (s[4] == 0) { out->type = LUNAR_DEVICE_CUDA; out->index = 0; return 1; }
         if (s[4] == ':' && s[5]) {

@@ -20,7 +20,9 @@ struct lunar_ctx {
     int           default_cuda;   /* index that "cuda" means (lunar.dist sets the local rank's) */
     const lunar_backend *backends[LUNAR_DEVICE_TYPE_COUNT];
     void         *backend_state[LUNAR_DEVICE_TYPE_COUNT];
-    lunar_pool   *cpu_pool;
+    int           fake_cpu_devices;   /* LUNAR_FAKE_CPU_DEVICES: debug devices cpu:1.. (ctx.h) */
+    lunar_transfer_stats transfers;
+    lunar_pool   *cpu_pools[LUNAR_MAX_CPU_DEVICES];
     lunar_pool   *cuda_pools[LUNAR_MAX_CUDA_DEVICES];
     lunar_scope_frame *scopes;
     int           scope_depth, scope_cap;

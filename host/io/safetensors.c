@@ -527,7 +527,7 @@ static int cmp_wr_name(const void *a, const void *b) {
 /* the row-major bytes of t, written to f (a host copy first for device or strided tensors) */
 static lunar_status write_tensor_bytes(lunar_ctx *ctx, lunar_afile *f, const lunar_tensor *t, uint64_t nbytes) {
     if (nbytes == 0) return LUNAR_OK;
-    if (lunar_tensor_device(t).type == LUNAR_DEVICE_CPU && lunar_tensor_is_contiguous(t))
+    if (lunar_device_is_host(lunar_tensor_device(t)) && lunar_tensor_is_contiguous(t))
         return lunar_afile_write(ctx, f, lunar_tensor_data(t), (size_t)nbytes);
     lunar_device cpu = {LUNAR_DEVICE_CPU, 0};
     lunar_tensor host = {0};

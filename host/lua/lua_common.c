@@ -134,7 +134,7 @@ lunar_device lunar_lua_opt_device(lua_State *L, int idx, lunar_device def) {
     if (lua_isnoneornil(L, idx)) return def;
     const char *s = luaL_checkstring(L, idx);
     lunar_device d;
-    if (!lunar_device_parse(s, &d)) lunar_lua_error(L, "unknown device '%s' (cpu, cuda, cuda:N)", s);
+    if (!lunar_device_parse(s, &d)) lunar_lua_error(L, "unknown device '%s' (cpu, cuda, cuda:N; cpu:N with LUNAR_FAKE_CPU_DEVICES)", s);
     if (strcmp(s, "cuda") == 0) d.index = lunar_ctx_default_cuda_device(lunar_lua_ctx(L));
     return d;
 }

@@ -210,7 +210,7 @@ static int l_add(lua_State *L) {
     lunar_ctx *ctx = lunar_lua_ctx(L);
     if (lunar_lua_is_tensor(L, 2)) {
         lunar_tensor *t = lunar_lua_check_tensor(L, 2);
-        if (t->dtype != LUNAR_DTYPE_I64 || lunar_tensor_device(t).type != LUNAR_DEVICE_CPU ||
+        if (t->dtype != LUNAR_DTYPE_I64 || !lunar_device_is_host(lunar_tensor_device(t)) ||
             !lunar_tensor_is_contiguous(t))
             return lunar_lua_error(L, "indexed writer add: tensor '%s' must be a contiguous CPU i64 tensor",
                                    lunar_tensor_label(t));

@@ -49,7 +49,7 @@ static int l_from_flat(lua_State *L) {
         if (!ok) return lunar_lua_error(L, "tensor: value %lld is not a number", (long long)(i + 1));
         lunar_dtype_store(dt, p + i * (int64_t)es, v);
     }
-    if (dev.type == LUNAR_DEVICE_CPU) {
+    if (lunar_device_is_host(dev)) {
         lunar_lua_check_status(L, lunar_scope_track(ctx, host->storage));
         return 1;
     }
@@ -322,11 +322,12 @@ static int read_element(lua_State *L, lunar_tensor *t, int64_t off, double *out)
     size_t es = lunar_dtype_size(t->dtype);
     unsigned char buf[8];
     const char *base = (const char *)t->storage->data + off * (int64_t)es;
-    if (t->storage->device.type == LUNAR_DEVICE_CPU) {
+    if (lunar_device_is_host(t->storage->device)) {
         memcpy(buf, base, es);
     } else {
         const lunar_backend *be = lunar_ctx_backend(ctx, t->storage->device.type);
         lunar_lua_check_status(L, be->copy_to_host(ctx, t->storage->device.index, buf, base, es));
+        lunar_ctx_count_transfer(ctx, 1, es);
     }
     if (t->dtype == LUNAR_DTYPE_I64) {
         int64_t v;
@@ -360,11 +361,12 @@ static int l_set(lua_State *L) {
     unsigned char buf[8];
     lunar_dtype_store(t->dtype, buf, v);
     char *base = (char *)t->storage->data + off * (int64_t)es;
-    if (t->storage->device.type == LUNAR_DEVICE_CPU) {
+    if (lunar_device_is_host(t->storage->device)) {
         memcpy(base, buf, es);
     } else {
         const lunar_backend *be = lunar_ctx_backend(ctx, t->storage->device.type);
         lunar_lua_check_status(L, be->copy_from_host(ctx, t->storage->device.index, base, buf, es));
+        lunar_ctx_count_transfer(ctx, 0, es);
     }
     lua_settop(L, 1);
     return 1;
@@ -475,7 +477,7 @@ static int l_device_count(lua_State *L) {
     lunar_ctx *ctx = lunar_lua_ctx(L);
     int count = 0;
     if (strcmp(type, "cpu") == 0) {
-        count = 1;
+        count = lunar_ctx_cpu_device_count(ctx);   /* 1 + the debug devices (ctx.h) */
     } else if (strcmp(type, "cuda") == 0) {
         const lunar_backend *be = lunar_ctx_backend(ctx, LUNAR_DEVICE_CUDA);
         if (be) lunar_lua_check_status(L, be->device_count(ctx, &count));
@@ -514,6 +516,26 @@ static int l_pool_trim(lua_State *L) {
     return 0;
 }
 
+/* core.device_name(s) -> the canonical name of device s ("cpu:0" -> "cpu", "cuda" -> "cuda:N"
+ * with N the default CUDA device), as t:device() gives it */
+static int l_device_name(lua_State *L) {
+    char buf[32];
+    lunar_device_format(lunar_lua_opt_device(L, 1, CPU), buf, sizeof buf);
+    lua_pushstring(L, buf);
+    return 1;
+}
+
+/* core.transfer_stats() -> {to_host=, from_host=, to_host_bytes=, from_host_bytes=} (ctx.h) */
+static int l_transfer_stats(lua_State *L) {
+    lunar_transfer_stats s = lunar_ctx_transfer_stats(lunar_lua_ctx(L));
+    lua_createtable(L, 0, 4);
+    lua_pushnumber(L, (lua_Number)s.to_host); lua_setfield(L, -2, "to_host");
+    lua_pushnumber(L, (lua_Number)s.from_host); lua_setfield(L, -2, "from_host");
+    lua_pushnumber(L, (lua_Number)s.to_host_bytes); lua_setfield(L, -2, "to_host_bytes");
+    lua_pushnumber(L, (lua_Number)s.from_host_bytes); lua_setfield(L, -2, "from_host_bytes");
+    return 1;
+}
+
 static int l_synchronize(lua_State *L) {
     lunar_lua_check_status(L, lunar_synchronize(lunar_lua_ctx(L), lunar_lua_opt_device(L, 1, CPU)));
     return 0;
@@ -543,7 +565,8 @@ static const luaL_Reg core_funcs[] = {
     {"same_storage", l_same_storage}, {"broadcast_shape", l_broadcast_shape},
     {"scope_push", l_scope_push}, {"scope_pop", l_scope_pop}, {"scope_keep", l_scope_keep},
     {"scope_depth", l_scope_depth}, {"persist", l_persist}, {"threads", l_threads}, {"device_count", l_device_count},
-    {"cuda_built", l_cuda_built}, {"pool_stats", l_pool_stats}, {"pool_trim", l_pool_trim},
+    {"cuda_built", l_cuda_built}, {"pool_stats", l_pool_stats}, {"transfer_stats", l_transfer_stats},
+    {"device_name", l_device_name}, {"pool_trim", l_pool_trim},
     {"synchronize", l_synchronize}, {"user_where", l_user_where},
     {NULL, NULL},
 };

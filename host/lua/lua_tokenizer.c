@@ -127,7 +127,7 @@ static int l_decode(lua_State *L) {
     size_t n;
     if (lunar_lua_is_tensor(L, 2)) {
         lunar_tensor *t = lunar_lua_check_tensor(L, 2);
-        if (t->dtype != LUNAR_DTYPE_I64 || t->storage->device.type != LUNAR_DEVICE_CPU || !lunar_tensor_is_contiguous(t))
+        if (t->dtype != LUNAR_DTYPE_I64 || !lunar_device_is_host(t->storage->device) || !lunar_tensor_is_contiguous(t))
             return lunar_lua_error(L, "decode: expected a contiguous CPU i64 tensor of ids");
         ids = lunar_tensor_data(t);
         n = (size_t)lunar_tensor_numel(t);

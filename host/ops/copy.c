@@ -51,10 +51,13 @@ static lunar_status copy_impl(lunar_ctx *ctx, lunar_tensor *dst, const lunar_ten
     }
     size_t n = lunar_tensor_nbytes(dst);
     if (st == LUNAR_OK && n > 0) {
-        if (sd.type == LUNAR_DEVICE_CPU) {
+        /* the debug devices cpu:N (N >= 1) take these paths too, as a GPU does (ctx.h) */
+        if (lunar_device_is_host(sd)) {
             st = dbe->copy_from_host(ctx, dd.index, lunar_tensor_data(d_use), lunar_tensor_data(s_use), n);
-        } else if (dd.type == LUNAR_DEVICE_CPU) {
+            lunar_ctx_count_transfer(ctx, 0, n);
+        } else if (lunar_device_is_host(dd)) {
             st = sbe->copy_to_host(ctx, sd.index, lunar_tensor_data(d_use), lunar_tensor_data(s_use), n);
+            lunar_ctx_count_transfer(ctx, 1, n);
         } else {
             /* device to device through a host staging buffer */
             lunar_tensor h = {0};
@@ -62,6 +65,8 @@ static lunar_status copy_impl(lunar_ctx *ctx, lunar_tensor *dst, const lunar_ten
             st = lunar_tensor_new(ctx, &h, dst->dtype, cpu, dst->ndim, dst->shape);
             if (st == LUNAR_OK) st = sbe->copy_to_host(ctx, sd.index, lunar_tensor_data(&h), lunar_tensor_data(s_use), n);
             if (st == LUNAR_OK) st = dbe->copy_from_host(ctx, dd.index, lunar_tensor_data(d_use), lunar_tensor_data(&h), n);
+            lunar_ctx_count_transfer(ctx, 1, n);
+            lunar_ctx_count_transfer(ctx, 0, n);
             lunar_tensor_release(ctx, &h);
         }
     }

@@ -55,7 +55,7 @@ lunar_status lunar_block_mask(lunar_ctx *ctx, lunar_tensor *out, const lunar_ten
     int64_t s = cu.shape[0];
     int64_t *host = NULL, host_buf[64];
     lunar_tensor hcopy = {0};
-    if (lunar_tensor_device(&cu).type == LUNAR_DEVICE_CPU) {
+    if (lunar_device_is_host(lunar_tensor_device(&cu))) {
         host = lunar_tensor_data(&cu);
     } else {
         lunar_device cpu = {LUNAR_DEVICE_CPU, 0};
@@ -63,6 +63,7 @@ lunar_status lunar_block_mask(lunar_ctx *ctx, lunar_tensor *out, const lunar_ten
             lunar_status st = p.be->copy_to_host(ctx, lunar_tensor_device(&cu).index, host_buf, lunar_tensor_data(&cu),
                                                  (size_t)s * 8);
             if (st) return prep_end(&p, st);
+            lunar_ctx_count_transfer(ctx, 1, (size_t)s * 8);
             host = host_buf;
         } else {
             lunar_status st = lunar_tensor_new(ctx, &hcopy, LUNAR_DTYPE_I64, cpu, 1, &s);

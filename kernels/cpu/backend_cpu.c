@@ -4,9 +4,9 @@
 
 #include "cpu.h"
 
+/* cpu:0, plus the debug devices of LUNAR_FAKE_CPU_DEVICES (ctx.h): the same memory and kernels */
 static lunar_status cpu_device_count(lunar_ctx *ctx, int *count) {
-    (void)ctx;
-    *count = 1;
+    *count = lunar_ctx_cpu_device_count(ctx);
     return LUNAR_OK;
 }
 

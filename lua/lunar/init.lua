@@ -69,6 +69,10 @@ function lunar.device_count(kind) return core.device_count(kind or 'cuda') end
 function lunar.cuda_built() return core.cuda_built() end
 function lunar.synchronize(device) core.synchronize(device) end
 function lunar.memory_stats(device) return core.pool_stats(device) end
+-- {to_host=, from_host=, to_host_bytes=, from_host_bytes=}: transfers between the host and any
+-- device so far (cross-device copies, get/set/item/tolist of device tensors). On a GPU each is a
+-- synchronisation; the debug device cpu:1 (LUNAR_FAKE_CPU_DEVICES=1) counts them without one.
+function lunar.transfer_stats() return core.transfer_stats() end
 
 -- lunar.dist is loaded on first use (it initialises MPI when launched under mpirun); so are
 -- lunar.io (checkpoints, JSON), lunar.model, lunar.data, lunar.optim, lunar.peft, lunar.chat,

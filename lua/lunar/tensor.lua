@@ -156,11 +156,13 @@ function methods.to(t, a, b)
     local function take(x)
         if x == nil then return end
         if type(x) == 'table' then dtype = x.dtype or dtype; device = x.device or device return end
-        if x == 'cpu' or x:match('^cuda') then device = x else dtype = x end
+        if x:match('^cpu') or x:match('^cuda') then device = x else dtype = x end
     end
     take(a)
     take(b)
-    if (dtype == nil or dtype == t:dtype()) and (device == nil or device == t:device()) then return t end
+    if (dtype == nil or dtype == t:dtype()) and (device == nil or core.device_name(device) == t:device()) then
+        return t
+    end
     return core.convert(t, dtype, device)
 end
 

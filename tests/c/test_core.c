@@ -2,6 +2,7 @@
  * dtype conversions at their edges, RNG determinism and splitting, copy with broadcasting. */
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "lunar/ops.h"
@@ -205,7 +206,57 @@ static void test_size_limits(lunar_ctx *ctx) {
     lunar_tensor_release(ctx, &u);
 }
 
+/* device names, and the debug device cpu:1 of LUNAR_FAKE_CPU_DEVICES (ctx.h): absent by default;
+ * when enabled, its own pool, and copies to and from it counted as transfers */
+static void test_devices(void) {
+    lunar_device d;
+    char buf[32];
+    CHECK(lunar_device_parse("cpu:1", &d) && d.type == LUNAR_DEVICE_CPU && d.index == 1, "parse cpu:1");
+    CHECK(lunar_device_parse("cpu:0", &d) && d.index == 0 && lunar_device_is_host(d), "cpu:0 is the host");
+    CHECK(!lunar_device_parse("cpu:99", &d) && !lunar_device_parse("cpu:", &d) && !lunar_device_parse("cpux", &d),
+          "bad cpu names");
+    lunar_device_format((lunar_device){LUNAR_DEVICE_CPU, 1}, buf, sizeof buf);
+    CHECK(strcmp(buf, "cpu:1") == 0, "format %s", buf);
+    lunar_device_format((lunar_device){LUNAR_DEVICE_CPU, 0}, buf, sizeof buf);
+    CHECK(strcmp(buf, "cpu") == 0, "format %s", buf);
+    lunar_device cpu1 = {LUNAR_DEVICE_CPU, 1};
+    int64_t shape[1] = {16};
+    lunar_ctx *ctx;
+    unsetenv("LUNAR_FAKE_CPU_DEVICES");
+    if (lunar_ctx_init(&ctx) != LUNAR_OK) { failures++; return; }
+    lunar_tensor t = {0};
+    CHECK(lunar_tensor_new(ctx, &t, LUNAR_DTYPE_F32, cpu1, 1, shape) == LUNAR_ERR_DEVICE, "cpu:1 is off by default");
+    CHECK(strstr(lunar_ctx_error(ctx), "LUNAR_FAKE_CPU_DEVICES") != NULL, "message: %s", lunar_ctx_error(ctx));
+    lunar_ctx_free(ctx);
+    setenv("LUNAR_FAKE_CPU_DEVICES", "1", 1);
+    int ok = lunar_ctx_init(&ctx) == LUNAR_OK;
+    unsetenv("LUNAR_FAKE_CPU_DEVICES");
+    if (!ok) { failures++; return; }
+    CHECK(lunar_ctx_cpu_device_count(ctx) == 2, "two cpu devices");
+    lunar_tensor h = {0}, g = {0}, back = {0};
+    CHECK(lunar_tensor_new(ctx, &h, LUNAR_DTYPE_F32, CPU, 1, shape) == LUNAR_OK, "new");
+    CHECK(lunar_arange(ctx, &h, 0, 1) == LUNAR_OK, "arange");
+    CHECK(lunar_tensor_new(ctx, &g, LUNAR_DTYPE_F32, cpu1, 1, shape) == LUNAR_OK, "new on cpu:1: %s",
+          lunar_ctx_error(ctx));
+    CHECK(lunar_tensor_new(ctx, &back, LUNAR_DTYPE_F32, CPU, 1, shape) == LUNAR_OK, "new");
+    lunar_pool *p0, *p1;
+    CHECK(lunar_ctx_pool(ctx, CPU, &p0) == LUNAR_OK && lunar_ctx_pool(ctx, cpu1, &p1) == LUNAR_OK && p0 != p1,
+          "one pool per device");
+    CHECK(lunar_copy(ctx, &g, &h) == LUNAR_OK && lunar_copy(ctx, &back, &g) == LUNAR_OK, "copies");
+    CHECK(((float *)back.storage->data)[7] == 7.0f, "round trip");
+    lunar_transfer_stats ts = lunar_ctx_transfer_stats(ctx);
+    CHECK(ts.to_host == 1 && ts.from_host == 1 && ts.to_host_bytes == 64, "transfers %llu %llu",
+          (unsigned long long)ts.to_host, (unsigned long long)ts.from_host);
+    CHECK(lunar_binary(ctx, &back, &h, &g, LUNAR_BINARY_ADD) == LUNAR_ERR_DEVICE, "mixing cpu and cpu:1");
+    CHECK(strstr(lunar_ctx_error(ctx), "cpu:1") != NULL, "message: %s", lunar_ctx_error(ctx));
+    lunar_tensor_release(ctx, &h);
+    lunar_tensor_release(ctx, &g);
+    lunar_tensor_release(ctx, &back);
+    lunar_ctx_free(ctx);
+}
+
 int main(void) {
+    test_devices();
     lunar_ctx *ctx;
     if (lunar_ctx_init(&ctx) != LUNAR_OK) return 1;
     test_views(ctx);

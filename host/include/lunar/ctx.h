@@ -36,6 +36,17 @@ typedef struct lunar_device {
 
 #define LUNAR_MAX_CUDA_DEVICES 16
 
+/* Debug devices (a test aid, never for real work): with the environment variable
+ * LUNAR_FAKE_CPU_DEVICES=n (1 <= n < LUNAR_MAX_CPU_DEVICES) when the context is made, the CPU
+ * backend also exposes cpu:1 .. cpu:n. They are host memory run by the CPU kernels, but lunar
+ * treats them as separate devices, as it treats a GPU: each has its own pool, mixing two CPU
+ * devices in one op is the device-mismatch error, copies between them go through the backend's
+ * copy_to_host / copy_from_host as CUDA transfers do, and element access (get, set, item) goes
+ * through those transfers too. Running a workload on cpu:1 thus shows, without a GPU, every
+ * place that makes a tensor on the default device or reads device memory on the host. Only
+ * cpu:0 (printed "cpu") is the host. */
+#define LUNAR_MAX_CPU_DEVICES 4
+
 lunar_status lunar_ctx_init(lunar_ctx **out);
 void         lunar_ctx_free(lunar_ctx *ctx);
 
@@ -73,10 +84,27 @@ void   lunar_ctx_set_backend_state(lunar_ctx *ctx, int device_type, void *state)
 /* The owned-buffer pool of a device (created on first use). */
 lunar_status lunar_ctx_pool(lunar_ctx *ctx, lunar_device dev, lunar_pool **out);
 
+/* Number of CPU devices: 1, plus the debug devices of LUNAR_FAKE_CPU_DEVICES (see above). */
+int  lunar_ctx_cpu_device_count(const lunar_ctx *ctx);
+
+/* Transfers between the host and a device (cuda:N, or the debug devices cpu:N, N >= 1): copies
+ * of tensors across devices and element reads and writes (get, set, item, tolist). Each is a
+ * synchronisation point on a GPU, so a count that grows with the number of ops in a training
+ * step points at a host round trip in a hot path. Copies within one device are not counted. */
+typedef struct lunar_transfer_stats {
+    uint64_t to_host, from_host;               /* number of transfers */
+    uint64_t to_host_bytes, from_host_bytes;
+} lunar_transfer_stats;
+lunar_transfer_stats lunar_ctx_transfer_stats(const lunar_ctx *ctx);
+void lunar_ctx_count_transfer(lunar_ctx *ctx, int to_host, size_t nbytes);
+
 int  lunar_device_equal(lunar_device a, lunar_device b);
-/* "cpu", "cuda:0" */
+/* 1 for the host (cpu:0), whose memory lunar reads and writes directly; 0 for every other device. */
+int  lunar_device_is_host(lunar_device d);
+/* "cpu", "cpu:1", "cuda:0" */
 void lunar_device_format(lunar_device d, char *buf, size_t n);
-/* Parses "cpu", "cuda", "cuda:N". Returns 1 on success. */
+/* Parses "cpu", "cpu:N", "cuda", "cuda:N". Returns 1 on success (whether the device exists is
+ * checked when memory is first allocated on it). */
 int  lunar_device_parse(const char *s, lunar_device *out);
 
 #ifdef __cplusplus

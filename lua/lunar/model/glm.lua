@@ -81,7 +81,9 @@ local function build(cfg, store, opts)
     else
         m.rot_dim = m.layers[1].attn.rot_dim
     end
-    m.inv_freq = ops.rope_inv_freq(m.rot_dim, rope_theta(cfg))
+    -- on the parameters' device, like every tensor the model makes (prepare moves it if the
+    -- parameters move later)
+    m.inv_freq = ops.rope_inv_freq(m.rot_dim, rope_theta(cfg), {device = m:device()})
     return m
 end
 
@@ -144,25 +146,52 @@ end
 
 -- ---- batch preparation ------------------------------------------------------------------------
 
+-- the device of the parameters, where forward runs and every activation lives
+function Model:device() return self.params:get('model.embed_tokens.weight'):device() end
+
 local function default_positions(B, T, device)
     local pos = core.empty({B, T}, 'i64', device)
     for b = 1, B do pos:select(1, b):arange_(0, 1) end
     return pos
 end
 
+local function on(t, dev)
+    if t ~= nil and tensor.is_tensor(t) and t:device() ~= dev then return t:to(dev) end
+    return t
+end
+
+-- prepare(batch) -> the per-step table every layer reads. The batch's tensors move to the
+-- model's device (a data loader makes them on the host: one deliberate host->device copy per
+-- tensor and step). cu_seqlens is metadata read on the host (positions, masks, targets): it may
+-- stay there, and a device copy is read back once here (b.cu_seqlens is the host copy).
 function Model:prepare(batch)
     local ids = batch.input_ids
     if not tensor.is_tensor(ids) or ids:dim() ~= 2 then fail('forward: batch.input_ids must be a (B, T) tensor') end
     local B, T = ids:size(1), ids:size(2)
-    local dev = ids:device()
+    local dev = self:device()
+    ids = on(ids, dev)
     local cu = batch.cu_seqlens
-    local positions = batch.position_ids
-    if not positions then
-        positions = cu and nn.masks.packed_positions(cu):view(B, T) or default_positions(B, T, dev)
+    if tensor.is_tensor(cu) then
+        cu = on(cu, 'cpu')
+    elseif type(cu) == 'table' then
+        local rows = {}
+        for i, c in ipairs(cu) do rows[i] = on(c, 'cpu') end
+        cu = rows
     end
-    local am = batch.attention_mask
+    local positions = on(batch.position_ids, dev)
+    if not positions then
+        positions = cu and nn.masks.packed_positions(cu, {device = dev}):view(B, T) or default_positions(B, T, dev)
+    end
+    local am = on(batch.attention_mask, dev)
+    local routing
+    if batch.routing then
+        routing = {}
+        for layer, idx in pairs(batch.routing) do routing[layer] = on(idx, dev) end
+    end
+    if self.inv_freq:device() ~= dev then self.inv_freq = self.inv_freq:to(dev) end
     return {
-        B = B, T = T, N = B * T, ids = ids:contiguous():view(B * T):to('i64'),
+        B = B, T = T, N = B * T, ids = ids:contiguous():view(B * T):to('i64'), input_ids = ids,
+        labels = on(batch.labels, dev), routing = routing,
         positions = positions:to('i64'), attention_mask = am, cu_seqlens = cu,
         mask = nn.masks.build{B = B, T = T, attention_mask = am, cu_seqlens = cu, device = dev},
         inv_freq = self.inv_freq, rope_scale = 1,
@@ -173,7 +202,7 @@ end
 -- ignored (and, for packed rows, the last position of each document).
 function Model:targets(batch, b, shift)
     shift = shift or 1
-    local labels = batch.labels
+    local labels = b.labels or batch.labels
     if not labels then return nil end
     local B, T = b.B, b.T
     local tg = core.empty({B, T}, 'i64', labels:device()):fill_(-100)
@@ -181,15 +210,16 @@ function Model:targets(batch, b, shift)
         tg:narrow(2, 1, T - shift):copy_(labels:narrow(2, 1 + shift, T - shift))
     end
     if b.cu_seqlens then
-        -- one tensor (B = 1) or a list of B tensors, one per row (as masks.build takes them)
+        -- one tensor (B = 1) or a list of B tensors, one per row (as masks.build takes them), on
+        -- the host (prepare); the last `shift` targets of each document are filled on the device
+        -- (a fill per document, no host round trip)
         local rows = tensor.is_tensor(b.cu_seqlens) and {b.cu_seqlens} or b.cu_seqlens
         for r, row_cu in ipairs(rows) do
             local cu = row_cu:to('cpu'):tolist_flat()
+            local row = tg:select(1, r)
             for d = 2, #cu do
-                for k = 1, shift do
-                    local last = cu[d] - k           -- 0-based position; targets past the doc end
-                    if last >= cu[d - 1] then tg:set(r, last + 1, -100) end
-                end
+                local first = math.max(cu[d] - shift, cu[d - 1])   -- 0-based; targets past the doc end
+                if cu[d] > first then row:narrow(1, first + 1, cu[d] - first):fill_(-100) end
             end
         end
     end
@@ -245,7 +275,7 @@ function Model:forward(batch, opts)
     local routing, topks = {}, {}
     local prev_topk
     for i, L in ipairs(self.layers) do
-        local replay = batch.routing and batch.routing[i - 1]
+        local replay = b.routing and b.routing[i - 1]
         local s, topk, r
         x, s, topk, r = layer_forward(self, L, x, b, prev_topk, replay)
         saved.layers[i] = s
@@ -264,8 +294,9 @@ function Model:forward(batch, opts)
         local tg = self:targets(batch, b)
         if not tg then fail('forward: the loss and log-probs need batch.labels') end
         local loss, lp, lse = ops.cross_entropy(logits, tg)
-        local valid = ops.sum(ops.ne(tg, -100):float()):item()
-        local denom = opts.num_items_in_batch or math.max(valid, 1)
+        -- the loss value is read back once per forward (a deliberate sync), the count of valid
+        -- targets only when the caller does not give num_items_in_batch
+        local denom = opts.num_items_in_batch or math.max(ops.sum(ops.ne(tg, -100):float()):item(), 1)
         out.loss = ops.sum(loss):item() / denom
         out.logprobs = lp:view(b.B, b.T)
         saved.ce = {logits = logits, lse = lse, targets = tg, denom = denom}
@@ -285,7 +316,7 @@ end
 function Model:_mtp_forward(batch, b, hidden, saved)
     local d = self.mtp[1]
     local B, T, H = b.B, b.T, self.cfg.hidden_size
-    local ids = batch.input_ids
+    local ids = b.input_ids
     local next_ids = core.empty({B, T}, 'i64', ids:device()):fill_(0)
     if T > 1 then next_ids:narrow(2, 1, T - 1):copy_(ids:narrow(2, 2, T - 1)) end
     local e, s_e = self.embed:forward(next_ids:view(B * T))

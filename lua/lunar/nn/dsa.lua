@@ -119,6 +119,8 @@ function DSA:kl_loss(saved, p, student_mask, valid, coeff)
     if not saved.I then tensor.fail(('DSA %s: kl_loss needs forward(..., {keep = true})'):format(self.name)) end
     local logits = student_mask and ops.add(saved.I, student_mask) or saved.I
     local qh = ops.softmax(logits)
+    -- two scalars read back per layer (the valid-row count and the loss value): only when the
+    -- indexer loss is on
     local nvalid = ops.sum(valid):item()
     local wrow = ops.div(valid, math.max(nvalid, 1)):unsqueeze(3)        -- (B, T, 1)
     local qe = ops.add(qh, EPS)

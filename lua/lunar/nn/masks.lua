@@ -13,8 +13,12 @@
 --       block-diagonal causal for packed documents (B must be 1), or a Lua list of B such
 --       tensors, one per row. Both may be given.
 --   masks.causal(B, T, {device=})                 -> the causal mask of every row
---   masks.packed_positions(cu_seqlens)            -> (1, T) i64 positions restarting at 0 per
---       document (or (B, T) for a list of B cu_seqlens)
+--   masks.packed_positions(cu_seqlens, {device=}) -> (1, T) i64 positions restarting at 0 per
+--       document (or (B, T) for a list of B cu_seqlens), on device (default: cu_seqlens's)
+--
+-- cu_seqlens is read on the host (validation, positions): a device copy costs a read back per
+-- use, so callers that build masks every step (lunar.model) keep it on the host; the mask itself
+-- is built on `device` from a small copy of the offsets.
 --   masks.select(mask, topk)                       -> new mask with every key that is not in
 --       topk (B, T, k) i64 0-based set to FMIN (the DSA selection of section 5 step 10)
 --   masks.query_valid(mask, attention_mask)        -> (B, T) f32, 1 where the query row sees at
@@ -31,7 +35,8 @@ local function fail(msg) tensor.fail(msg) end
 
 -- cu_seqlens as a Lua list of 0-based offsets, checked
 local function offsets(cu, T, what)
-    local list = cu:to('cpu'):tolist_flat()
+    local list = cu:tolist_flat()
+    T = T or list[#list]
     if #list < 2 or list[1] ~= 0 or list[#list] ~= T then
         fail(('masks: %s must start at 0 and end at T = %d, got {%s}'):format(what, T, table.concat(list, ', ')))
     end
@@ -49,8 +54,9 @@ local function row_mask(T, cu, device, what)
     local m
     if cu then
         offsets(cu, T, what)
-        m = ops.block_mask(cu, {causal = true, dtype = 'f32'})
-        if device and m:device() ~= device then m = m:to(device) end
+        -- built where it is used: the (T, T) mask never crosses devices, only the offsets do
+        if device and cu:device() ~= lunar_core.device_name(device) then cu = cu:to(device) end
+        m = ops.block_mask(cu, {causal = true, out = lunar_core.empty({T, T}, 'f32', cu:device())})
     else
         m = ops.causal_mask(T, T, {dtype = 'f32', device = device})
     end
@@ -101,16 +107,16 @@ local function positions_of(list, T)
     return p
 end
 
-function M.packed_positions(cu_seqlens)
+function M.packed_positions(cu_seqlens, opts)
     local rows = tensor.is_tensor(cu_seqlens) and {cu_seqlens} or cu_seqlens
     local flat, T = {}, nil
     for b, cu in ipairs(rows) do
-        local list = cu:to('cpu'):tolist_flat()
+        local list = offsets(cu, T, 'cu_seqlens[' .. b .. ']')
         T = T or list[#list]
-        local p = positions_of(offsets(cu, T, 'cu_seqlens[' .. b .. ']'), T)
+        local p = positions_of(list, T)
         for t = 1, T do flat[#flat + 1] = p[t] end
     end
-    return lunar_core.from_flat(flat, {#rows, T}, 'i64')
+    return lunar_core.from_flat(flat, {#rows, T}, 'i64', (opts and opts.device) or rows[1]:device())
 end
 
 function M.select(mask, topk)

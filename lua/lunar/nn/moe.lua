@@ -206,6 +206,8 @@ function MoE:forward(x, opts)
     local tokrep = core.empty({N}, 'f32', dev):arange_(0, 1):view(N, 1):expand(N, K):contiguous():view(NK)
     local tok = ops.index_select(tokrep, 1, order):to('i64')          -- (NK) token of each sorted pair
     local wsorted = ops.index_select(w:view(NK), 1, order):view(NK, 1)
+    -- tokens per expert, read back to the host: the one deliberate sync of the layer (the
+    -- per-expert row blocks of the grouped gemms are sized on the host); backward reuses them
     local counts = ops.scatter_add_(core.empty({E}, 'f32', dev):fill_(0), 1, flat,
                                     core.empty({NK}, 'f32', dev):fill_(1)):tolist_flat()
     tokrep:free()

@@ -71,8 +71,9 @@ local function binary(name, a, b, opts, out_dtype)
     if tb and not ta then
         local op = swapped[name]
         if op then return C.binary(out, b, a, op) end
-        -- no reversed form (pow): the number becomes a 0-dim tensor that broadcasts
-        a = core.from_flat({a}, {}, float_dtype(b), b:device())
+        -- no reversed form (pow): the number becomes a 0-dim tensor that broadcasts, filled on
+        -- b's device (no host->device copy)
+        a = core.empty({}, float_dtype(b), b:device()):fill_(a)
     end
     return C.binary(out, a, b, name)
 end

@@ -18,9 +18,12 @@ end
 function M.block_mask(cu_seqlens, opts)
     tensor.check(cu_seqlens, 'cu_seqlens', 'block_mask')
     opts = opts or {}
-    local cu = cu_seqlens:to('cpu'):tolist_flat()
-    local t = cu[#cu]
-    local out = opts.out or core.empty({t, t}, opts.dtype or 'bool', opts.device or cu_seqlens:device())
+    local out = opts.out
+    if not out then   -- T is the last offset: read back here (give `out` to avoid the read on a device)
+        local t = 0
+        if cu_seqlens:dim() == 1 and cu_seqlens:numel() > 0 then t = cu_seqlens:get(cu_seqlens:numel()) end
+        out = core.empty({t, t}, opts.dtype or 'bool', opts.device or cu_seqlens:device())
+    end
     return C.block_mask(out, cu_seqlens, opts.causal ~= false)
 end
 

@@ -140,6 +140,8 @@ function M.run(cfg)
     local m = metrics_mod.new{dir = cfg.metrics.dir, total_steps = cfg.train.steps, start_step = start,
         warmup_steps = cfg.metrics.warmup_steps, flops_per_token = flops.training_per_token(model.cfg, seq),
         peak_flops = cfg.metrics.peak_flops, progress = (not cfg.quiet) and cfg.metrics.progress, log_every = cfg.train.log_every,
+        -- on a device, the peak of lunar's pool there (the process's resident memory says nothing about it)
+        memory = model:device() ~= 'cpu' and model:device() or nil,
         tensorboard = cfg.metrics.tensorboard == false and false or nil}
 
     local accum = cfg.train.grad_accum
