@@ -55,62 +55,12 @@ static void st_u32(unsigned char *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
 
-/* ---- mappings shared by a dataset and its views ------------------------------------------------ */
-
-typedef struct mm_map {
-    void  *base;
-    size_t size;
-    int    refs;
-} mm_map;
-
-static void map_unref(mm_map *m) {
-    if (!m || --m->refs > 0) return;
-    if (m->base) munmap(m->base, m->size);
-    free(m);
-}
-
-static void view_release(void *ud, void *data) {
-    (void)data;
-    map_unref(ud);
-}
-
-/* Maps path privately; an empty file gets a map with base NULL. */
-static lunar_status map_file(lunar_ctx *ctx, const char *path, mm_map **out) {
-    *out = NULL;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return LUNAR_FAIL(ctx, LUNAR_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    lunar_status st = LUNAR_OK;
-    mm_map *m = NULL;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) st = LUNAR_FAIL(ctx, LUNAR_ERR_IO, "%s: not a regular file", path);
-    if (st == LUNAR_OK) {
-        m = calloc(1, sizeof *m);
-        if (!m) st = LUNAR_FAIL(ctx, LUNAR_ERR_OOM, "%s: out of memory", path);
-    }
-    if (st == LUNAR_OK) {
-        m->refs = 1;
-        m->size = (size_t)sb.st_size;
-        if (m->size > 0) {
-            void *p = mmap(NULL, m->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, fd, 0);
-            if (p == MAP_FAILED) st = LUNAR_FAIL(ctx, LUNAR_ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
-            else m->base = p;
-        }
-    }
-    close(fd);
-    if (st != LUNAR_OK) {
-        map_unref(m);
-        return st;
-    }
-    *out = m;
-    return LUNAR_OK;
-}
-
 /* ---- reader ------------------------------------------------------------------------------------ */
 
 struct lunar_indexed {
     char    *prefix, *idx_path, *bin_path;
     char     label[96];          /* basename of the prefix, for tensor names */
-    mm_map  *idx, *bin;
+    lunar_mapped *idx, *bin;
     int      code;
     size_t   itemsize;
     int64_t  S, D;
@@ -142,8 +92,8 @@ int8_t lunar_indexed_mode(const lunar_indexed *d, int64_t seq) {
 void lunar_indexed_close(lunar_ctx *ctx, lunar_indexed *d) {
     (void)ctx;
     if (!d) return;
-    map_unref(d->idx);
-    map_unref(d->bin);
+    lunar_mapped_unref(d->idx);
+    lunar_mapped_unref(d->bin);
     free(d->prefix);
     free(d->idx_path);
     free(d->bin_path);
@@ -249,8 +199,8 @@ lunar_status lunar_indexed_open(lunar_ctx *ctx, lunar_indexed **out, const char 
         return LUNAR_FAIL(ctx, LUNAR_ERR_OOM, "%s: out of memory", prefix);
     }
     snprintf(d->label, sizeof d->label, "%s", lunar_path_base(prefix));
-    lunar_status st = map_file(ctx, d->idx_path, &d->idx);
-    if (st == LUNAR_OK) st = map_file(ctx, d->bin_path, &d->bin);
+    lunar_status st = lunar_map_file(ctx, d->idx_path, &d->idx);
+    if (st == LUNAR_OK) st = lunar_map_file(ctx, d->bin_path, &d->bin);
     if (st == LUNAR_OK) st = validate(ctx, d);
     if (st != LUNAR_OK) {
         lunar_indexed_close(ctx, d);
@@ -283,15 +233,7 @@ static lunar_status token_view(lunar_ctx *ctx, lunar_tensor *out, const lunar_in
     } else if (n == 0 || !d->bin->base) {
         st = lunar_tensor_new(ctx, out, (lunar_dtype)lt, cpu, 1, shape);
     } else {
-        lunar_storage *s;
-        d->bin->refs++;
-        st = lunar_storage_wrap(ctx, &s, cpu, (void *)src, (size_t)n * d->itemsize, view_release, d->bin);
-        if (st != LUNAR_OK) {
-            d->bin->refs--;
-        } else {
-            st = lunar_tensor_from_storage(ctx, out, s, (lunar_dtype)lt, 0, 1, shape);
-            lunar_storage_release(ctx, s);
-        }
+        st = lunar_mapped_view(ctx, out, d->bin, (void *)src, (size_t)n * d->itemsize, (lunar_dtype)lt, 1, shape);
     }
     if (st != LUNAR_OK) {
         lunar_tensor_release(ctx, out);

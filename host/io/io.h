@@ -18,6 +18,7 @@
 #include <cjson/cJSON.h>
 
 #include "lunar/ctx.h"
+#include "lunar/tensor.h"
 
 /* ---- atomic file writes ---------------------------------------------------------------------- */
 
@@ -51,6 +52,25 @@ const char  *lunar_path_base(const char *path);
 
 /* The whole file, NUL-terminated (*n excludes the NUL). Caller frees *out. */
 lunar_status lunar_read_file(lunar_ctx *ctx, const char *path, char **out, size_t *n);
+
+/* ---- mapped files ---------------------------------------------------------------------------- */
+
+/* A whole file mapped private and writable (copy-on-write: a write into a view never reaches the
+ * file), shared by reference count between its reader and the tensors that view it, so a view
+ * outlives the reader that made it. An empty file maps with base NULL. */
+typedef struct lunar_mapped {
+    void  *base;
+    size_t size;
+    int    refs;
+} lunar_mapped;
+
+lunar_status lunar_map_file(lunar_ctx *ctx, const char *path, lunar_mapped **out);
+/* Drops one reference (NULL is a no-op); the last one unmaps. */
+void         lunar_mapped_unref(lunar_mapped *m);
+/* out = a zero-copy cpu tensor (dtype dt, shape) over bytes [p, p + nbytes) of m, holding a
+ * reference to m. p must be aligned for dt. */
+lunar_status lunar_mapped_view(lunar_ctx *ctx, lunar_tensor *out, lunar_mapped *m, void *p, size_t nbytes,
+                               lunar_dtype dt, int ndim, const int64_t *shape);
 
 /* ---- JSON ------------------------------------------------------------------------------------ */
 

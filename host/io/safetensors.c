@@ -48,29 +48,9 @@ static int st_dtype_of_lunar(lunar_dtype dt) {
     return -1;
 }
 
-/* ---- the mapping, shared by the file and its views -------------------------------------------- */
-
-typedef struct st_map {
-    void  *base;
-    size_t size;
-    int    refs;
-} st_map;
-
-static void map_unref(st_map *m) {
-    if (!m || --m->refs > 0) return;
-    if (m->base) munmap(m->base, m->size);
-    free(m);
-}
-
-/* release callback of a view's EXTERNAL storage */
-static void view_release(void *ud, void *data) {
-    (void)data;
-    map_unref(ud);
-}
-
 struct lunar_safetensors {
     char                   *path;
-    st_map                 *map;
+    lunar_mapped           *map;
     cJSON                  *root;          /* owns the name and metadata strings */
     int                     n;
     lunar_safetensors_info *entries;       /* sorted by name */
@@ -356,7 +336,7 @@ static lunar_status parse_header(lunar_ctx *ctx, lunar_safetensors *f) {
 void lunar_safetensors_close(lunar_ctx *ctx, lunar_safetensors *f) {
     (void)ctx;
     if (!f) return;
-    map_unref(f->map);
+    lunar_mapped_unref(f->map);
     cJSON_Delete(f->root);
     free(f->entries);
     free(f->shapes);
@@ -380,37 +360,13 @@ lunar_status lunar_safetensors_open(lunar_ctx *ctx, lunar_safetensors **out, con
         free(f);
         return LUNAR_FAIL(ctx, LUNAR_ERR_OOM, "%s: out of memory", path);
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        lunar_status st = LUNAR_FAIL(ctx, LUNAR_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-        lunar_safetensors_close(ctx, f);
-        return st;
-    }
-    struct stat sb;
-    lunar_status st = LUNAR_OK;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        st = LUNAR_FAIL(ctx, LUNAR_ERR_IO, "%s: not a regular file", path);
-    } else if (sb.st_size < 8) {
+    lunar_status st = lunar_map_file(ctx, path, &f->map);
+    if (st == LUNAR_OK && f->map->size < 8)
         st = LUNAR_FAIL(ctx, LUNAR_ERR_FORMAT,
-                        "%s: file is %lld bytes, too short to hold the 8-byte header length (truncated file?)", path,
-                        (long long)sb.st_size);
-    }
+                        "%s: file is %llu bytes, too short to hold the 8-byte header length (truncated file?)", path,
+                        (unsigned long long)f->map->size);
     if (st == LUNAR_OK) {
-        f->map = calloc(1, sizeof *f->map);
-        if (!f->map) st = LUNAR_FAIL(ctx, LUNAR_ERR_OOM, "%s: out of memory", path);
-    }
-    if (st == LUNAR_OK) {
-        f->map->size = (size_t)sb.st_size;
-        f->map->refs = 1;
-        /* private and writable: copy-on-write, so a write into a view can never reach the file
-         * nor fault; no swap is reserved for pages that are never written */
-        void *p = mmap(NULL, f->map->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_NORESERVE, fd, 0);
-        if (p == MAP_FAILED) st = LUNAR_FAIL(ctx, LUNAR_ERR_IO, "%s: mmap failed: %s", path, strerror(errno));
-        else f->map->base = p;
-    }
-    close(fd);
-    if (st == LUNAR_OK) {
-        uint64_t size = (uint64_t)sb.st_size;
+        uint64_t size = (uint64_t)f->map->size;
         uint64_t hlen = read_le64(f->map->base);
         if (hlen > LUNAR_SAFETENSORS_MAX_HEADER)
             st = LUNAR_FAIL(ctx, LUNAR_ERR_FORMAT, "%s: header length %llu is larger than the limit of %llu bytes", path,
@@ -486,15 +442,7 @@ lunar_status lunar_safetensors_tensor(lunar_ctx *ctx, lunar_tensor *out, const l
         st = lunar_tensor_new(ctx, out, e->dtype, cpu, e->ndim, e->shape);
         if (st == LUNAR_OK) memcpy(lunar_tensor_data(out), p, nbytes);
     } else {
-        lunar_storage *s;
-        f->map->refs++;
-        st = lunar_storage_wrap(ctx, &s, cpu, p, nbytes, view_release, f->map);
-        if (st != LUNAR_OK) {
-            f->map->refs--;
-        } else {
-            st = lunar_tensor_from_storage(ctx, out, s, e->dtype, 0, e->ndim, e->shape);
-            lunar_storage_release(ctx, s);   /* the view holds the storage now (or it is gone) */
-        }
+        st = lunar_mapped_view(ctx, out, f->map, p, nbytes, e->dtype, e->ndim, e->shape);
     }
     if (st != LUNAR_OK) {
         lunar_ctx_prefix_error(ctx, "%s: tensor '%s'", f->path, name);
