@@ -184,6 +184,24 @@ T:test('keep_last keeps the newest K complete checkpoints; due() every N and at 
     T.equal({last:due(5, false) and 1 or 0, last:due(6, true) and 1 or 0}, {0, 1}, 'every = 0')
 end)
 
+T:test('keep_last never removes the save just written; later or unsound checkpoints are not ranked', function()
+    local root = fresh_dir()
+    -- an earlier run left later steps behind, one of them corrupt
+    ckpt.save(root, 50, {metrics = {loss = 50}})
+    ckpt.save(root, 60, {metrics = {loss = 60}})
+    local cm = ckpt.manager{dir = root, every = 1, keep_last = 2, quiet = true}
+    for step = 1, 4 do cm:save(step, {metrics = {loss = step}, optimizer = {m = lunar.full({8}, step)}}) end
+    if names(root) ~= 'step_000003 step_000004 step_000050 step_000060' then error('kept: ' .. names(root)) end
+    -- a marked but truncated checkpoint does not count towards K and is not removed
+    local bad = root .. '/step_000004/' .. ckpt.STATE
+    spit(bad, slurp(bad):sub(1, 10))
+    cm:save(5, {metrics = {loss = 5}})
+    if names(root) ~= 'step_000003 step_000004 step_000005 step_000050 step_000060' then error('kept: ' .. names(root)) end
+    cm:save(6, {metrics = {loss = 6}})
+    if names(root) ~= 'step_000004 step_000005 step_000006 step_000050 step_000060' then error('kept: ' .. names(root)) end
+    T.equal(ckpt.load(root .. '/step_000006').metrics.loss, 6, 'the save just written')
+end)
+
 T:test('saving the same step again replaces it atomically', function()
     local root = fresh_dir()
     ckpt.save(root, 4, {metrics = {loss = 1}})

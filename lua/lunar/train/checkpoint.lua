@@ -470,15 +470,24 @@ function Manager:due(step, is_last)
     return (is_last and self.at_end) and true or false
 end
 
--- keeps the newest keep_last complete checkpoints (marker present), removes older ones
-function Manager:prune()
+-- prune(saved_step): keeps the newest keep_last sound checkpoints at or before saved_step (the
+-- one just written always among them) and removes older ones. Only our own history is ranked:
+-- a checkpoint with a later step (an earlier run's, or the timeline abandoned by resuming an
+-- older step) is left in place with a warning, since deleting it could lose the only copy of
+-- someone's work, and an unsound one (no marker, wrong sizes, unreadable state) is neither
+-- counted nor removed, so a corrupt directory never pushes a good one out.
+function Manager:prune(saved_step)
     if self.keep_last == 0 then return {} end
     local list = M.list(self.dir)
     local kept, removed = 0, {}
     for _, c in ipairs(list) do
-        if c.complete then
+        if saved_step and c.step > saved_step then
+            if c.complete and not self.quiet then
+                report(('%s has a later step than the save just written (%d); left in place, but resume=auto would choose it'):format(c.dir, saved_step))
+            end
+        elseif c.complete and M.check(c.dir, {checksums = false}) then
             kept = kept + 1
-            if kept > self.keep_last then
+            if kept > self.keep_last and c.step ~= saved_step then
                 fs.remove_tree(c.dir)
                 removed[#removed + 1] = c.dir
             end
@@ -491,7 +500,7 @@ end
 function Manager:save(step, state)
     clean_temps(self.dir, true)
     local dir = M.save(self.dir, step, state, {checksum_max_bytes = self.checksum_max_bytes})
-    self:prune()
+    self:prune(step)
     self.last_saved = step
     return dir
 end
