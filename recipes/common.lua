@@ -158,9 +158,50 @@ function M.check_runnable(cfg)
     if not cfg.data.train then error(('recipe %s: set data.train'):format(cfg.name), 0) end
 end
 
+-- Check the values the types alone do not: every error names the key and what it accepts.
+function M.validate(cfg)
+    local function bad(key, v, want)
+        error(('recipe %s: %s=%s: %s'):format(cfg.name, key, tostring(v), want), 0)
+    end
+    local function int(key, v, min)
+        if type(v) ~= 'number' or v ~= math.floor(v) or v < min then
+            bad(key, v, ('expected an integer >= %d'):format(min))
+        end
+    end
+    local d, t, o = cfg.data, cfg.train, cfg.optim
+    local kinds = {chat = true, prompt_answer = true, text = true, indexed = true}
+    if not kinds[d.kind] then bad('data.kind', d.kind, 'expected chat, prompt_answer, text or indexed') end
+    if d.overlong and not ({drop = true, truncate = true, split = true})[d.overlong] then
+        bad('data.overlong', d.overlong, 'expected drop, truncate or split')
+    end
+    if d.kind == 'chat' or d.kind == 'prompt_answer' then
+        if not pcall(lunar.chat.template_name, d.template) then
+            bad('data.template', d.template, 'expected glm45 (GLM-4.5/4.6) or glm5 (GLM-4.7/GLM-5)')
+        end
+    end
+    int('data.seq_len', d.seq_len, 1)
+    int('data.micro_batch', d.micro_batch, 1)
+    int('data.pad_to_multiple', d.pad_to_multiple, 1)
+    if d.max_len then int('data.max_len', d.max_len, 1) end
+    if d.limit then int('data.limit', d.limit, 1) end
+    int('train.steps', t.steps, 1)
+    int('train.grad_accum', t.grad_accum, 1)
+    int('train.log_every', t.log_every, 1)
+    if cfg.stop_after then int('stop_after', cfg.stop_after, 1) end
+    int('checkpoint.every', cfg.checkpoint.every, 0)
+    int('checkpoint.keep_last', cfg.checkpoint.keep_last, 0)
+    int('optim.warmup', o.warmup, 0)
+    if not (o.lr > 0) then bad('optim.lr', o.lr, 'expected a positive number') end
+    if not (o.min_lr >= 0) then bad('optim.min_lr', o.min_lr, 'expected a number >= 0') end
+    if cfg.expect_loss_fall and not (cfg.expect_loss_fall > 0 and cfg.expect_loss_fall < 1) then
+        bad('expect_loss_fall', cfg.expect_loss_fall, 'expected a fraction in (0, 1), or false')
+    end
+end
+
 function M.run(kind, overrides)
     local cfg = M.recipe(kind, overrides)
     M.print(cfg)
+    M.validate(cfg)
     M.check_runnable(cfg)
     local run_cfg = clean(cfg)
     return require('lunar.train.trainer').run(run_cfg), cfg

@@ -186,6 +186,21 @@ T:test('tokenize: over-long and empty samples counted with their lines, truncati
     eq(#docs, 7, 'truncate keeps them')
     eq(#docs[5].ids, 15, 'truncated ids')
     eq(#docs[5].mask, 15, 'truncated mask')
+    local _, rt = data.tokenize(rows, fn, {max_len = 15, overlong = 'truncate'})
+    eq(rt.notes.truncated, 3, 'truncations counted')
+    local tl = {}
+    for i, e in ipairs(rt:where_noted('truncated')) do tl[i] = e.line end
+    list_eq(tl, {6, 8, 9}, 'truncated lines')
+    assert(rt:summary():find('kept but truncated: 3', 1, true), rt:summary())
+    -- split: every 15-token piece is a document (18 -> 15 + 3, 24 -> 15 + 9, 27 -> 15 + 12)
+    local sd, rs = data.tokenize(rows, fn, {max_len = 15, overlong = 'split'})
+    eq(#sd, 10, 'split keeps every piece')
+    local lens = {}
+    for i, doc in ipairs(sd) do lens[i] = #doc.ids end
+    list_eq(lens, {3, 6, 9, 12, 15, 3, 15, 9, 15, 12}, 'piece lengths')
+    eq(#sd[6].mask, 3, 'the mask is split with the ids')
+    list_eq({sd[5].mask[1], sd[6].mask[1]}, {0, 1}, 'the first piece holds the start (its prompt tokens), the next continues')
+    eq(rs.notes.split, 3, 'splits counted')
 end)
 
 local rc = T:run()

@@ -1,6 +1,6 @@
 -- test_recipes.lua: the training recipes end to end on small settings of the tiny preset:
 --   * SFT: the loss falls; a run resumed from a mid-run checkpoint gives bit-identical losses and
---     weights for every later step;
+--     weights for every later step, and its skipped / NaN step counts continue;
 --   * LoRA: only the adapters change (the base weights are bit-identical after training), and the
 --     adapters are written in PEFT's format;
 --   * pretraining on a Megatron indexed dataset built from the shipped text: the loss falls;
@@ -55,6 +55,21 @@ T:test('sft: the loss falls, and a resumed run continues bit for bit', function(
     os.execute(('rm -rf %q %q'):format(d1, d2))
 end)
 
+T:test('skipped and NaN step counts continue over a resume', function()
+    -- a learning rate of 1e30 blows the weights up at step 1, so every later step has a
+    -- non-finite loss and is skipped: steps 2..6 count 5 of each, across the resume at step 3
+    local d = tmpdir()
+    local o = {train = {steps = 6, log_every = 100}, optim = {warmup = 0, lr = 1e30}, checkpoint = {every = 1}}
+    local o1 = small(d, o)
+    o1.stop_after, o1.checkpoint.resume = 3, 'none'
+    local first = common.run('sft', o1)
+    T.equal({first.summary.skipped_steps, first.summary.nan_steps}, {2, 2}, 'counts at step 3')
+    local second = common.run('sft', small(d, o))
+    assert(second.start_step == 3, 'resumed at step ' .. tostring(second.start_step))
+    T.equal({second.summary.skipped_steps, second.summary.nan_steps}, {5, 5}, 'counts at step 6')
+    os.execute(('rm -rf %q'):format(d))
+end)
+
 T:test('lora: base weights stay bit-identical, adapters train and are saved for PEFT', function()
     local d = tmpdir()
     local base = lunar.model.new(common.recipe('sft', {}).model.config, {seed = 1234})
@@ -99,6 +114,28 @@ T:test('pretrain on a Megatron dataset built from the shipped text', function()
     os.execute(('rm -rf %q'):format(d))
 end)
 
+T:test('pretraining text longer than a row is read whole, in seq_len pieces', function()
+    -- the whole of tinyshakespeare as one document: every token reaches the loader
+    local cfg = common.recipe('pretrain', {data = {split = 'file', seq_len = 256}})
+    local tok = lunar.tokenizer.load(cfg.tokenizer)
+    local docs, rep = require('lunar.train.trainer').load_documents(cfg, tok)
+    local f = assert(io.open(cfg.data.train, 'rb'))
+    local all = tok:encode(f:read('*a'), {special = false})
+    f:close()
+    all[#all + 1] = tok:token_to_id('<|endoftext|>')
+    T.equal(#docs, math.ceil(#all / 256), 'pieces')
+    T.equal(rep.notes.split, 1, 'one document split')
+    local k = 0
+    for i, doc in ipairs(docs) do
+        assert(#doc.ids == 256 or i == #docs, 'piece ' .. i .. ' has ' .. #doc.ids .. ' tokens')
+        for _, id in ipairs(doc.ids) do
+            k = k + 1
+            if id ~= all[k] then error(('token %d: %d vs %d'):format(k, id, all[k])) end
+        end
+    end
+    T.equal(k, #all, 'every token')
+end)
+
 T:test('the GLM-5.x presets resolve and refuse to run on one CPU process', function()
     for _, p in ipairs({'glm5_2', 'glm5_3'}) do
         for _, kind in ipairs({'sft', 'pretrain', 'lora'}) do
@@ -117,6 +154,23 @@ T:test('unknown keys and wrong types in overrides are errors naming the key', fu
     T.raises(function() common.recipe('sft', {train = {stpes = 3}}) end, 'train.stpes')
     T.raises(function() common.recipe('sft', {optim = {lr = 'fast'}}) end, 'optim.lr')
     T.raises(function() common.recipe('sft', {preset = 'nope'}) end, 'preset "nope"')
+end)
+
+T:test('values out of range are errors naming the key before anything runs', function()
+    local function check(o, want)
+        T.raises(function() common.validate(common.recipe('sft', o)) end, want)
+    end
+    check({train = {steps = -5}}, 'train.steps=-5: expected an integer >= 1')
+    check({train = {grad_accum = 0}}, 'train.grad_accum=0')
+    check({data = {template = 'bogus'}}, 'data.template=bogus: expected glm45')
+    check({data = {overlong = 'squash'}}, 'data.overlong=squash')
+    check({data = {kind = 'audio'}}, 'data.kind=audio')
+    check({data = {seq_len = 2.5}}, 'data.seq_len=2.5')
+    check({optim = {lr = 0}}, 'optim.lr=0')
+    check({expect_loss_fall = 1.5}, 'expect_loss_fall=1.5')
+    common.validate(common.recipe('sft', {}))
+    common.validate(common.recipe('pretrain', {}))
+    common.validate(common.recipe('lora', {}))
 end)
 
 os.exit(T:run())

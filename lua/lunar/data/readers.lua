@@ -20,12 +20,14 @@
 --     (whitespace-only) lines, 'file' makes each file one document (a directory: its regular
 --     files in name order, not recursive), 'line' makes each non-blank line one document.
 --     Empty files count as empty_text.
---   local docs, rep = data.tokenize(rows, fn, {max_len =, overlong = 'drop' | 'truncate', report =})
+--   local docs, rep = data.tokenize(rows, fn, {max_len =, overlong = 'drop' | 'truncate' | 'split', report =})
 --     fn(row) -> ids (a Lua list or a tensor of token ids) [, mask (list of 0/1, 1 = a token to
 --     predict)]; docs[i] = {ids =, mask =, file =, line =, row = row}. Rejected: too_long (more
 --     than max_len tokens when overlong = 'drop', the default), empty (no token), tokenize_error
 --     (fn raised; the message is the detail). With report = the reader's report, rejected rows
---     move from its good count to its bad counts.
+--     move from its good count to its bad counts. Kept but changed: 'truncate' keeps the first
+--     max_len tokens, 'split' every max_len-token piece as its own document; either is counted
+--     with its locations as rep.notes.truncated / rep.notes.split (rep:where_noted(what)).
 --
 -- paths: a file name or a list of them. Line numbers are 1-based lines of the file (blank lines
 -- count). Every reader returns the report it filled (lunar.data.report); pass `report` to
@@ -287,8 +289,8 @@ function M.tokenize(rows, fn, opts)
         rep:bad(...)
     end
     local max_len, overlong = opts.max_len, opts.overlong or 'drop'
-    if overlong ~= 'drop' and overlong ~= 'truncate' then
-        fail(("tokenize: overlong must be 'drop' or 'truncate', got %s"):format(tostring(overlong)))
+    if overlong ~= 'drop' and overlong ~= 'truncate' and overlong ~= 'split' then
+        fail(("tokenize: overlong must be 'drop', 'truncate' or 'split', got %s"):format(tostring(overlong)))
     end
     local docs = {}
     for _, row in ipairs(rows) do
@@ -308,15 +310,22 @@ function M.tokenize(rows, fn, opts)
                 bad('too_long', row.file, row.line, ('%d tokens > max_len %d'):format(#ids, max_len))
             else
                 if max_len and #ids > max_len then
-                    local ci, cm = {}, mask and {}
-                    for k = 1, max_len do
-                        ci[k] = ids[k]
-                        if cm then cm[k] = mask[k] end
+                    -- truncate keeps the first piece; split keeps every piece as a document
+                    local n = #ids
+                    local last = overlong == 'split' and n or max_len
+                    for from = 1, last, max_len do
+                        local ci, cm = {}, mask and {}
+                        for k = from, math.min(from + max_len - 1, n) do
+                            ci[#ci + 1] = ids[k]
+                            if cm then cm[#cm + 1] = mask[k] end
+                        end
+                        docs[#docs + 1] = {ids = ci, mask = cm, file = row.file, line = row.line, row = row}
                     end
-                    ids, mask = ci, cm
-                    rep.truncated = (rep.truncated or 0) + 1
+                    rep:note(overlong == 'split' and 'split' or 'truncated', row.file, row.line,
+                        ('%d tokens > max_len %d'):format(n, max_len))
+                else
+                    docs[#docs + 1] = {ids = ids, mask = mask, file = row.file, line = row.line, row = row}
                 end
-                docs[#docs + 1] = {ids = ids, mask = mask, file = row.file, line = row.line, row = row}
                 if not continued then rep:good() end
             end
         end

@@ -8,6 +8,8 @@
 --   rep:lines(reason)                       -- {line, ...} of those
 --   rep:summary()                           -- text: one line per reason, with the first locations
 --   rep:print([stream])                     -- the summary to stderr (nothing when there is no bad row)
+--   rep:note(what, file, line, detail)      -- a row kept but changed ('truncated', 'split'):
+--                                              rep.notes[what], rep:where_noted(what)
 --   rep:merge(other)                        -- add another report's counts and locations
 --
 -- Readers never raise for a bad row: they count it here and go on. Reasons are reported in
@@ -19,8 +21,8 @@ Report.__index = Report
 
 function M.new(opts)
     opts = opts or {}
-    return setmetatable({counts = {}, examples = {}, n_bad = 0, n_good = 0, show = opts.show or 5,
-        name = opts.name}, Report)
+    return setmetatable({counts = {}, examples = {}, notes = {}, noted = {}, n_bad = 0, n_good = 0,
+        show = opts.show or 5, name = opts.name}, Report)
 end
 
 function Report:good(n)
@@ -37,6 +39,20 @@ function Report:bad(reason, file, line, detail)
     end
     if #ex < self.show then ex[#ex + 1] = {file = file, line = line, detail = detail} end
 end
+
+-- A row that was kept but changed (cut to max_len, split into pieces): counted apart from the
+-- rejected ones, with where the first `show` of each kind are
+function Report:note(what, file, line, detail)
+    self.notes[what] = (self.notes[what] or 0) + 1
+    local ex = self.noted[what]
+    if not ex then
+        ex = {}
+        self.noted[what] = ex
+    end
+    if #ex < self.show then ex[#ex + 1] = {file = file, line = line, detail = detail} end
+end
+
+function Report:where_noted(what) return self.noted[what] or {} end
 
 -- Take back one good row (a later stage rejected a row an earlier stage accepted).
 function Report:ungood(n)
@@ -67,6 +83,14 @@ function Report:merge(other)
         end
         self.counts[reason] = (self.counts[reason] or 0) + other.counts[reason]
     end
+    for what, n in pairs(other.notes or {}) do
+        self.notes[what] = (self.notes[what] or 0) + n
+        local ex = self.noted[what] or {}
+        self.noted[what] = ex
+        for _, e in ipairs(other.noted[what] or {}) do
+            if #ex < self.show then ex[#ex + 1] = e end
+        end
+    end
     self.n_bad = self.n_bad + other.n_bad
     self.n_good = self.n_good + other.n_good
     return self
@@ -89,11 +113,22 @@ function Report:summary()
         local more = n > #locs and (', and %d more'):format(n - #locs) or ''
         out[#out + 1] = ('  %s: %d  e.g. %s%s'):format(reason, n, table.concat(locs, '; '), more)
     end
+    local kinds = {}
+    for what in pairs(self.notes) do kinds[#kinds + 1] = what end
+    table.sort(kinds)
+    for _, what in ipairs(kinds) do
+        local n = self.notes[what]
+        local locs = {}
+        for i, e in ipairs(self:where_noted(what)) do locs[i] = loc(e) end
+        local more = n > #locs and (', and %d more'):format(n - #locs) or ''
+        out[#out + 1] = ('  kept but %s: %d  e.g. %s%s'):format(what, n, table.concat(locs, '; '), more)
+    end
     return table.concat(out, '\n')
 end
 
+-- the summary to stream (default stderr) when a row was rejected or changed
 function Report:print(stream)
-    if self.n_bad == 0 then return end
+    if self.n_bad == 0 and next(self.notes) == nil then return end
     stream = stream or io.stderr
     stream:write(self:summary(), '\n')
 end

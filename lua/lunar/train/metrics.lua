@@ -18,6 +18,8 @@
 --   total_steps    for the progress bar, the ETA and the summary
 --   start_step     the step a resumed run starts after: JSONL lines of later steps (written by
 --                  the run that was interrupted) are dropped before appending
+--   counts         {skipped_steps =, nan_steps =} the counters continue from (a resumed run
+--                  passes what m:counts() returned when its checkpoint was written)
 --   warmup_steps   steps left out of the summary's means (default min(10, total_steps / 5))
 --   flops_per_token  model FLOPs per token of one training step (forward + backward), e.g.
 --                  lunar.model.flops.training_per_token(cfg, T); enables TFLOP/s and MFU
@@ -183,6 +185,17 @@ function M.new(o)
         rows = {}, skipped = 0, nan = 0, peak_mem = nil, bar_open = false,
         show_summary = o.summary ~= false,
     }, Metrics)
+    if o.counts ~= nil then
+        local c = o.counts
+        if type(c) ~= 'table' then fail('metrics.new: counts must be a table {skipped_steps =, nan_steps =}') end
+        for _, k in ipairs({'skipped_steps', 'nan_steps'}) do
+            local v = c[k]
+            if v ~= nil and not (finite(v) and v >= 0 and v == math.floor(v)) then
+                fail(('metrics.new: counts.%s must be a non-negative integer, got %s'):format(k, tostring(v)))
+            end
+        end
+        m.skipped, m.nan = c.skipped_steps or 0, c.nan_steps or 0
+    end
     if o.flops_per_token ~= nil and not (finite(o.flops_per_token) and o.flops_per_token >= 0) then
         fail('metrics.new: flops_per_token must be a number >= 0')
     end
@@ -372,6 +385,12 @@ function Metrics:_progress(r, nonfinite)
     out:flush()
 end
 
+-- counts() -> {skipped_steps =, nan_steps =} since the run began (resumes included): what a
+-- checkpoint keeps so that new{counts =} continues them
+function Metrics:counts()
+    return {skipped_steps = self.skipped, nan_steps = self.nan}
+end
+
 -- summary() -> {steps, first_step, last_step, initial_loss, final_loss, final_grad_norm,
 -- warmup_steps, measured_steps, mean_step_time_s, tokens_per_s (per device), tflops (per device),
 -- mfu, total_tokens, peak_mem_bytes, skipped_steps, nan_steps, wall_s}. The means are over the
@@ -426,7 +445,8 @@ function Metrics:summary_text()
     local per = self.devices > 1 and '/device' or ''
     if s.tokens_per_s then add('Token throughput', commas(s.tokens_per_s, 3) .. ' tokens/s' .. per) end
     if s.tflops then add('Model throughput', ('%s TFLOP/s%s'):format(commas(s.tflops, 3), per)) end
-    if s.mfu then add('MFU', ('%.2f%% of %s TFLOP/s peak'):format(100 * s.mfu, commas(self.peak_flops / 1e12, 1))) end
+    if s.mfu then add('MFU', ('%.2f%% of %s TFLOP/s peak'):format(100 * s.mfu, commas(self.peak_flops / 1e12, 1)))
+    elseif s.tflops then add('MFU', 'n/a (set metrics.peak_flops, FLOP/s of one device)') end
     if s.peak_mem_bytes then
         add(self.memory == 'process' and 'Peak memory (process RSS)' or ('Peak memory (%s pool)'):format(self.memory),
             commas(s.peak_mem_bytes / 2 ^ 20) .. ' MiB')

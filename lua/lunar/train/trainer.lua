@@ -55,11 +55,13 @@ function M.load_documents(cfg, tok)
     elseif d.kind == 'text' then
         rows, rep = data.read_text(as_list(d.train), {split = d.split or 'blank'})
         local eos = tok:token_to_id(d.eos_token or '<|endoftext|>')
+        -- pretraining text is cut into pieces of max_len (default seq_len) tokens by default, so
+        -- a long document is read whole, not its first seq_len tokens every epoch
         docs = data.tokenize(rows, function(row)
             local ids = tok:encode(row.text, {special = false})
             if eos then ids[#ids + 1] = eos end
             return ids
-        end, {max_len = d.max_len, overlong = d.overlong or 'truncate', report = rep})
+        end, {max_len = max_len, overlong = d.overlong or 'split', report = rep})
     elseif d.kind == 'indexed' then
         return data.indexed_open(d.train), nil
     else
@@ -91,12 +93,20 @@ function M.run(cfg)
 
     local source, rep = M.load_documents(cfg, tok)
     if rep then
-        log(cfg, 'data: %d documents kept, %d rejected', rep.n_good, rep.n_bad)
-        if rep.n_bad > 0 and not cfg.quiet then rep:print() end
+        local changed = {}
+        for _, what in ipairs({'truncated', 'split'}) do
+            if rep.notes[what] then changed[#changed + 1] = ('%d %s'):format(rep.notes[what], what) end
+        end
+        log(cfg, 'data: %d documents kept%s, %d rejected', rep.n_good,
+            #changed > 0 and (' (' .. table.concat(changed, ', ') .. ' at max_len)') or '', rep.n_bad)
+        if not cfg.quiet then rep:print() end
     end
     local d = cfg.data
+    -- documents longer than a row: split for pretraining data (text, indexed), else as data.overlong says
+    local pretraining = d.kind == 'text' or d.kind == 'indexed'
     local loader = data.loader{source = source, seq_len = d.seq_len, micro_batch = d.micro_batch, seed = d.seed,
-        shuffle = d.shuffle ~= false, pad_to_multiple = d.pad_to_multiple, quiet = cfg.quiet}
+        shuffle = d.shuffle ~= false, pad_to_multiple = d.pad_to_multiple, quiet = cfg.quiet,
+        overlong = d.overlong or (pretraining and 'split' or 'truncate')}
 
     local cm = checkpoint.manager{dir = cfg.checkpoint.dir, every = cfg.checkpoint.every,
         keep_last = cfg.checkpoint.keep_last}
@@ -140,6 +150,8 @@ function M.run(cfg)
     local m = metrics_mod.new{dir = cfg.metrics.dir, total_steps = cfg.train.steps, start_step = start,
         warmup_steps = cfg.metrics.warmup_steps, flops_per_token = flops.training_per_token(model.cfg, seq),
         peak_flops = cfg.metrics.peak_flops, progress = (not cfg.quiet) and cfg.metrics.progress, log_every = cfg.train.log_every,
+        -- skipped and NaN steps count over the whole run, resumes included
+        counts = st and st.metrics and {skipped_steps = st.metrics.skipped_steps, nan_steps = st.metrics.nan_steps} or nil,
         -- on a device, the peak of lunar's pool there (the process's resident memory says nothing about it)
         memory = model:device() ~= 'cpu' and model:device() or nil,
         tensorboard = cfg.metrics.tensorboard == false and false or nil}
@@ -180,7 +192,8 @@ function M.run(cfg)
                     if adapters then lunar.peft.save(model, dir, {lora_dropout = cfg.peft.dropout or 0})
                     else model:save_hf(dir, {keep_dtype = true}) end
                 end,
-                optimizer = opt:state_dict(), data = loader:state(), metrics = {loss = loss_sum},
+                optimizer = opt:state_dict(), data = loader:state(),
+                metrics = {loss = loss_sum, skipped_steps = m:counts().skipped_steps, nan_steps = m:counts().nan_steps},
                 extra = adapters and {lora_rng = adapters:rng_state()} or nil})
         end
         if cfg.stop_after and step >= cfg.stop_after then break end
@@ -202,7 +215,8 @@ function M.run(cfg)
         fall = 1 - tail / losses[1]
         log(cfg, 'loss %.4f at step %d -> %.4f (mean of the last %d steps): %.1f%% lower', losses[1], start + 1, tail, k,
             100 * fall)
-        if cfg.expect_loss_fall and start == 0 and fall < cfg.expect_loss_fall then
+        -- written as not (>=) so that a NaN loss fails the gate too
+        if cfg.expect_loss_fall and start == 0 and not (fall >= cfg.expect_loss_fall) then
             fail(('the loss fell by %.1f%%, less than the %.0f%% this recipe expects'):format(100 * fall,
                 100 * cfg.expect_loss_fall))
         end
