@@ -152,6 +152,31 @@ T:test('plain text: blank-line documents, one per line, one per file (a director
     assert(not ok and err:find("split must be"), err)
 end)
 
+T:test('read_chat: tools and tool-call arguments keep their key order; unknown roles are bad rows', function()
+    local path = dir .. '/tools.jsonl'
+    spit(path, table.concat({
+        '{"tools": [{"type": "function", "function": {"name": "lookup", "parameters": {"zeta": 1, "alpha": 2}}}], '
+            .. '"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": '
+            .. '[{"type": "function", "function": {"name": "lookup", "arguments": {"zeta": "z", "alpha": "a"}}}]}, '
+            .. '{"role": "tool", "content": "r"}, {"role": "assistant", "content": "done"}]}',
+        '{"messages": [{"role": "user", "content": "q"}, {"role": "observation", "content": "x"}, '
+            .. '{"role": "assistant", "content": "a"}]}',
+        '{"tools": {"name": "f"}, "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}',
+    }, '\n'))
+    local rows, rep = data.read_chat(path)
+    eq(#rows, 1, 'rows')
+    list_eq(rep:lines('bad_role'), {2}, 'observation is not a role the templates render')
+    list_eq(rep:lines('wrong_type'), {3}, 'tools must be a list')
+    eq(#rows[1].tools, 1, 'the row keeps its tools')
+    local text = lunar.chat.render(rows[1].messages, {tools = rows[1].tools})
+    local function before(a, b, what)
+        local i, j = text:find(a, 1, true), text:find(b, 1, true)
+        assert(i and j and i < j, what .. ': ' .. text)
+    end
+    before('"zeta": 1', '"alpha": 2', 'tool schema key order')
+    before('<arg_key>zeta</arg_key>', '<arg_key>alpha</arg_key>', 'tool-call argument order')
+end)
+
 T:test('tokenize: over-long and empty samples counted with their lines, truncation, errors', function()
     local path = dir .. '/qa2.jsonl'
     local lines = {}

@@ -2,11 +2,13 @@
 --
 --   local rows, rep = data.read_chat(paths, {field = 'messages', roles = {...},
 --       require_assistant = true, limit =, report =, show = 5})
---     rows[i] = {messages = {{role=, content=, ...}, ...}, id =, file =, line =, raw = <object>}
+--     rows[i] = {messages = {{role=, content=, ...}, ...}, tools = <the row's tools list or nil>,
+--     id =, file =, line =, raw = <object>}. A row with tools or tool calls is decoded keeping
+--     its objects' key order (lunar.pyjson), since the templates write them out as JSON.
 --     Rejected: invalid_json, not_object, missing_field (no messages, a message without role or
 --     content), wrong_type (messages not an array, a message not an object, role or content not a
---     string), empty_conversation (messages = []), bad_role (a role not in `roles`, default
---     system/user/assistant/tool/observation), no_assistant (no assistant turn to train on, when
+--     string, tools not an array), empty_conversation (messages = []), bad_role (a role not in
+--     `roles`, default the ones the GLM templates render: system/user/assistant/tool), no_assistant (no assistant turn to train on, when
 --     require_assistant). An assistant message may have a null or missing content when it has
 --     tool_calls.
 --   local rows, rep = data.read_prompt_answer(paths, {prompt = 'question', answer = 'answer',
@@ -35,6 +37,7 @@
 local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local report = require 'lunar.data.report'
+local pyjson = require 'lunar.pyjson'
 
 local M = {}
 local fail = tensor.fail
@@ -84,8 +87,8 @@ local function num_to_string(v)
     return ('%.17g'):format(v)
 end
 
--- Runs check(obj) on every non-blank line of every file; check returns a row table, or nil,
--- reason, detail. Adds file and line to each row.
+-- Runs check(obj, line) on every non-blank line of every file; check returns a row table, or
+-- nil, reason, detail. Adds file and line to each row.
 local function read_jsonl(what, paths, opts, check)
     opts = opts or {}
     local rep = opts.report or report.new{show = opts.show, name = what}
@@ -104,7 +107,7 @@ local function read_jsonl(what, paths, opts, check)
                 elseif not is_object(obj) then
                     rep:bad('not_object', path, ln, 'a JSON ' .. jtype(obj))
                 else
-                    local row, reason, detail = check(obj)
+                    local row, reason, detail = check(obj, line)
                     if row then
                         row.file, row.line = path, ln
                         rows[#rows + 1] = row
@@ -123,7 +126,18 @@ local function read_jsonl(what, paths, opts, check)
 end
 M.read_jsonl = read_jsonl
 
-local DEFAULT_ROLES = {system = true, user = true, assistant = true, tool = true, observation = true}
+-- the roles the GLM templates render (an observation turn is written as a tool message)
+local DEFAULT_ROLES = {system = true, user = true, assistant = true, tool = true}
+
+-- does the row hold objects a template writes out as JSON (tool schemas, tool-call arguments)?
+-- Their key order is part of the text, and cJSON's tables have none
+local function has_json_objects(obj, msgs)
+    if obj.tools ~= nil and obj.tools ~= NULL then return true end
+    for _, m in ipairs(msgs) do
+        if m.tool_calls ~= nil and m.tool_calls ~= NULL then return true end
+    end
+    return false
+end
 
 function M.read_chat(paths, opts)
     opts = opts or {}
@@ -134,7 +148,7 @@ function M.read_chat(paths, opts)
         for _, r in ipairs(opts.roles) do roles[r] = true end
     end
     local need_assistant = opts.require_assistant ~= false
-    return read_jsonl('read_chat', paths, opts, function(obj)
+    return read_jsonl('read_chat', paths, opts, function(obj, line)
         local msgs = obj[field]
         if msgs == nil then return nil, 'missing_field', field end
         if not is_array(msgs) then return nil, 'wrong_type', ('%s is a %s, not an array'):format(field, jtype(msgs)) end
@@ -158,9 +172,19 @@ function M.read_chat(paths, opts)
             if m.role == 'assistant' then has_assistant = true end
         end
         if need_assistant and not has_assistant then return nil, 'no_assistant', 'no assistant message' end
+        if obj.tools ~= nil and obj.tools ~= NULL and not is_array(obj.tools) then
+            return nil, 'wrong_type', ('tools is a %s, not an array'):format(jtype(obj.tools))
+        end
+        -- rows with tools or tool calls are read again keeping key order (as Python's json does)
+        if has_json_objects(obj, msgs) then
+            obj = pyjson.decode(line)
+            msgs = obj[field]
+        end
         local id = obj.id
         if id == NULL then id = nil end
-        return {messages = msgs, id = id, raw = obj}
+        local tools = obj.tools
+        if tools == NULL then tools = nil end
+        return {messages = msgs, tools = tools, id = id, raw = obj}
     end)
 end
 

@@ -40,7 +40,7 @@ function M.load_documents(cfg, tok)
     if d.kind == 'chat' then
         rows, rep = data.read_chat(as_list(d.train), {limit = d.limit, show = 3})
         docs = data.tokenize(rows, function(row)
-            return lunar.chat.tokenize(tok, row.messages, {template = d.template})
+            return lunar.chat.tokenize(tok, row.messages, {template = d.template, tools = row.tools})
         end, {max_len = max_len, overlong = d.overlong or 'drop', report = rep})
     elseif d.kind == 'prompt_answer' then
         rows, rep = data.read_prompt_answer(as_list(d.train), {prompt = d.prompt_field, answer = d.answer_field,
