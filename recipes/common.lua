@@ -87,7 +87,11 @@ function M.recipe(kind, overrides)
     end
     local cfg = lunar.config.merge(M.defaults, preset.common or {})
     cfg = lunar.config.merge(cfg, preset[kind])
+    local preset_steps = cfg.train.steps
     cfg = lunar.config.merge(cfg, overrides)
+    -- a preset's expected loss fall holds for its own schedule: a run of another length (a smoke
+    -- test with train.steps=20) is not held to it unless the command line sets expect_loss_fall
+    if cfg.train.steps ~= preset_steps and overrides.expect_loss_fall == nil then cfg.expect_loss_fall = false end
     cfg.preset = preset_name
     if not cfg.name then cfg.name = preset_name .. '_' .. kind end
     if not cfg.checkpoint.dir then cfg.checkpoint.dir = 'runs/' .. cfg.name .. '/checkpoints' end

@@ -22,11 +22,14 @@ lunar.config = require 'lunar.config'
 
 -- lunar.scope(fn, ...): tensors created inside fn are freed when it returns, except the ones
 -- it returns (directly, or one level down in returned tables). Errors propagate after cleanup.
+local function pack(...) return {n = select('#', ...), ...} end
+
 function lunar.scope(fn, ...)
     core.scope_push()
-    local res = {pcall(fn, ...)}
+    -- n counts the results past a nil (#res would stop at the first one)
+    local res = pack(pcall(fn, ...))
     if res[1] then
-        for i = 2, #res do
+        for i = 2, res.n do
             local v = res[i]
             if tensor.is_tensor(v) then
                 core.scope_keep(v)
@@ -39,7 +42,7 @@ function lunar.scope(fn, ...)
     end
     core.scope_pop()
     if not res[1] then error(res[2], 0) end
-    return unpack(res, 2, table.maxn(res))
+    return unpack(res, 2, res.n)
 end
 
 -- lunar.persist(t): t survives the lunar.scope() it was created in (model weights, gradients

@@ -67,7 +67,14 @@ T:test('skipped and NaN step counts continue over a resume', function()
     local second = common.run('sft', small(d, o))
     assert(second.start_step == 3, 'resumed at step ' .. tostring(second.start_step))
     T.equal({second.summary.skipped_steps, second.summary.nan_steps}, {5, 5}, 'counts at step 6')
+    -- run again: the run is finished, nothing is trained
+    local third = common.run('sft', small(d, o))
+    assert(third.finished and #third.losses == 0 and third.start_step == 6, 'a finished run trains nothing')
     os.execute(('rm -rf %q'):format(d))
+    -- the loss-fall gate: a NaN fall (a NaN loss) fails it, as NaN < x is false
+    local trainer = require 'lunar.train.trainer'
+    assert(trainer.loss_fell_enough(0.55, 0.5) and not trainer.loss_fell_enough(0.45, 0.5), 'the gate')
+    assert(not trainer.loss_fell_enough(0 / 0, 0.5), 'a NaN fall fails the gate')
 end)
 
 T:test('lora: base weights stay bit-identical, adapters train and are saved for PEFT', function()
@@ -154,6 +161,12 @@ T:test('unknown keys and wrong types in overrides are errors naming the key', fu
     T.raises(function() common.recipe('sft', {train = {stpes = 3}}) end, 'train.stpes')
     T.raises(function() common.recipe('sft', {optim = {lr = 'fast'}}) end, 'optim.lr')
     T.raises(function() common.recipe('sft', {preset = 'nope'}) end, 'preset "nope"')
+end)
+
+T:test("a preset's expected loss fall applies to its own number of steps", function()
+    T.equal(common.recipe('sft', {}).expect_loss_fall, 0.5, 'the preset')
+    assert(common.recipe('sft', {train = {steps = 20}}).expect_loss_fall == false, 'another length')
+    T.equal(common.recipe('sft', {train = {steps = 20}, expect_loss_fall = 0.2}).expect_loss_fall, 0.2, 'set explicitly')
 end)
 
 T:test('values out of range are errors naming the key before anything runs', function()

@@ -130,6 +130,12 @@ T:test('scope frees what it does not return', function()
     assert(not inner:is_valid(), 'inner tensor freed at scope exit')
     assert(kept:is_valid())
     T.equal(kept, {1, 1, 1}, 'returned tensor kept')
+    -- results after a nil are returned and kept too
+    local a, b, c = lunar.scope(function() return nil, lunar.ones(2), {lunar.full({2}, 3)} end)
+    assert(a == nil and b:is_valid() and c[1]:is_valid(), 'values after a nil survive the scope')
+    T.equal(b, {1, 1}, 'second result')
+    T.equal(c[1], {3, 3}, 'tensor in the third result')
+    T.equal(select('#', lunar.scope(function() return 1, nil, nil end)), 3, 'trailing nils kept')
 end)
 
 T:test('persist: a tensor made inside a scope can outlive it', function()

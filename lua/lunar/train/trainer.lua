@@ -85,6 +85,11 @@ end
 
 -- ---- the loop -----------------------------------------------------------------------------------
 
+-- the loss-fall gate: fall >= expect, written so that a NaN fall (a NaN loss) fails it
+function M.loss_fell_enough(fall, expect)
+    return fall >= expect
+end
+
 function M.run(cfg)
     local t_start = lunar.clock()
     if cfg.threads then lunar.threads(cfg.threads) end
@@ -144,6 +149,14 @@ function M.run(cfg)
         loader:set_state(st.data)
         start = st.step
         log(cfg, 'resumed from %s (step %d)', st.dir, start)
+    end
+    if start >= cfg.train.steps then
+        -- rerunning a finished run trains nothing: say so rather than print an empty summary
+        log(cfg, 'nothing to do: %s is at step %d of train.steps=%d (the run finished). Set checkpoint.resume=none '
+            .. 'to train afresh, a larger train.steps to continue, or another checkpoint.dir', st.dir, start,
+            cfg.train.steps)
+        return {model = model, adapters = adapters, losses = {}, optimizer = opt, loader = loader, finished = true,
+                seconds = lunar.clock() - t_start, start_step = start}
     end
 
     local seq = d.seq_len
@@ -215,8 +228,7 @@ function M.run(cfg)
         fall = 1 - tail / losses[1]
         log(cfg, 'loss %.4f at step %d -> %.4f (mean of the last %d steps): %.1f%% lower', losses[1], start + 1, tail, k,
             100 * fall)
-        -- written as not (>=) so that a NaN loss fails the gate too
-        if cfg.expect_loss_fall and start == 0 and not (fall >= cfg.expect_loss_fall) then
+        if cfg.expect_loss_fall and start == 0 and not M.loss_fell_enough(fall, cfg.expect_loss_fall) then
             fail(('the loss fell by %.1f%%, less than the %.0f%% this recipe expects'):format(100 * fall,
                 100 * cfg.expect_loss_fall))
         end
