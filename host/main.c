@@ -11,6 +11,7 @@
  * error prints the message with a traceback and exits 1; under mpirun the message carries the
  * rank and the whole job is aborted, so no rank is left waiting in a collective.
  */
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,24 @@ static void report_error(lua_State *L) {
     if (size > 1) fprintf(stderr, "[rank %d/%d] lunar: %s\n", lunar_dist_env_rank(), size, msg ? msg : "(no message)");
     else fprintf(stderr, "lunar: %s\n", msg ? msg : "(no message)");
     fflush(stderr);
+}
+
+/* a dotted override: key(.key)*=value, keys of letters, digits and '_' not starting with a digit */
+static int looks_like_override(const char *a) {
+    const char *p = a;
+    int at_key_start = 1;
+    for (; *p && *p != '='; p++) {
+        int c = (unsigned char)*p;
+        if (c == '.') {
+            if (at_key_start) return 0;
+            at_key_start = 1;
+        } else if (isalpha(c) || c == '_' || (!at_key_start && isdigit(c))) {
+            at_key_start = 0;
+        } else {
+            return 0;
+        }
+    }
+    return *p == '=' && p != a && !at_key_start;
 }
 
 static void push_args(lua_State *L, const char *script, int argc, char **argv, int first) {
@@ -104,7 +123,8 @@ int main(int argc, char **argv) {
             break;
         }
     }
-    if (i < argc) script = argv[i++];
+    /* after -e, key=value arguments are overrides for the code, not a script to run */
+    if (i < argc && !(code && looks_like_override(argv[i]))) script = argv[i++];
     if (!script && !code) interactive = 1;
 
     lunar_ctx *ctx = NULL;

@@ -13,7 +13,8 @@ local M = {}
 
 -- the repository root (recipes/..), for the paths presets use
 local here = debug.getinfo(1, 'S').source:match('^@(.*/)') or './'
-M.root = (here:gsub('recipes/$', '')) or './'
+-- (run from inside recipes/, `here` is './': the root is then its parent)
+if here:match('recipes/$') then M.root = here:gsub('recipes/$', '') else M.root = here .. '../' end
 if M.root == '' then M.root = './' end
 
 -- p with ${VAR} replaced by the environment's value (an unset variable is an error when the
@@ -76,7 +77,15 @@ end
 
 -- Build the recipe table for `kind` from the preset and the command line.
 function M.recipe(kind, overrides)
-    overrides = overrides or lunar.config.overrides()
+    if overrides == nil then
+        -- every argument of a recipe is key=value: a bare word is a mistake, not something to skip
+        for i = 1, #(arg or {}) do
+            if not arg[i]:find('=', 1, true) then
+                error(("recipe argument %q is not key=value (e.g. train.steps=100)"):format(arg[i]), 0)
+            end
+        end
+        overrides = lunar.config.overrides()
+    end
     local preset_name = overrides.preset or M.defaults.preset
     local ok, preset = pcall(dofile, M.root .. 'recipes/presets/' .. preset_name .. '.lua')
     if not ok then
@@ -204,8 +213,8 @@ end
 
 function M.run(kind, overrides)
     local cfg = M.recipe(kind, overrides)
-    M.print(cfg)
     M.validate(cfg)
+    M.print(cfg)
     M.check_runnable(cfg)
     local run_cfg = clean(cfg)
     return require('lunar.train.trainer').run(run_cfg), cfg

@@ -47,6 +47,23 @@ run "$LUNAR" -e 'x = ('
 expect_rc 1 "-e with a syntax error"
 expect_err "(command line)"
 
+# dotted overrides after -e belong to the code (they are not a script to run)
+run "$LUNAR" -e 'local o = require("lunar").config.overrides(); print(o.a.b + o.n)' a.b=3 n=4
+expect_rc 0 "-e with overrides"
+[ "$(cat "$TMP/out")" = 7 ] || fail "-e with overrides printed '$(cat "$TMP/out")'"
+
+# a recipe refuses a bare word among its overrides, and a value out of range names its key,
+# both before anything runs; a recipe runs from inside recipes/ too (arg[0] without a '/')
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+run "$LUNAR" "$REPO/recipes/sft.lua" foo
+expect_rc 1 "a recipe with a bare argument"
+expect_err 'recipe argument "foo" is not key=value'
+run "$LUNAR" "$REPO/recipes/sft.lua" train.grad_accum=0
+expect_rc 1 "a recipe with grad_accum=0"
+expect_err 'train.grad_accum=0: expected an integer >= 1'
+( cd "$REPO/recipes" && run "$LUNAR" sft.lua data.template=bogus && expect_rc 1 "run from recipes/" &&
+  expect_err 'data.template=bogus: expected glm45' ) || exit 1
+
 # ---- usage errors exit 2 with the usage text --------------------------------------------------
 run "$LUNAR" --no-such-option
 expect_rc 2 "an unknown option"
