@@ -152,10 +152,18 @@ static int view_done(lua_State *L, lunar_status st) {
     return 1;
 }
 
+/* bounds are checked here too, so the message speaks Lua's 1-based dims and positions */
 static int l_narrow(lua_State *L) {
     lunar_tensor *t = lunar_lua_check_tensor(L, 1);
     int d = lunar_lua_check_dim(L, 2, t->ndim);
     int64_t start = (int64_t)luaL_checknumber(L, 3), len = (int64_t)luaL_checknumber(L, 4);
+    if (start < 1 || len < 0 || start - 1 > t->shape[d] || len > t->shape[d] - (start - 1)) {
+        char sh[128];
+        lunar_tensor_shape_str(t, sh, sizeof sh);
+        lunar_lua_error(L, "narrow: start %lld, length %lld out of bounds for dim %d (size %lld) of '%s' %s "
+                           "(positions are 1-based)",
+                        (long long)start, (long long)len, d + 1, (long long)t->shape[d], lunar_tensor_label(t), sh);
+    }
     lunar_tensor *v = lunar_lua_push_empty_tensor(L);
     return view_done(L, lunar_tensor_narrow(lunar_lua_ctx(L), v, t, d, start - 1, len));
 }
@@ -165,6 +173,12 @@ static int l_select(lua_State *L) {
     int d = lunar_lua_check_dim(L, 2, t->ndim);
     int64_t idx = (int64_t)luaL_checknumber(L, 3);
     if (idx == 0) lunar_lua_error(L, "select: index 0 (indices are 1-based; negative counts from the end)");
+    if (idx > t->shape[d] || idx < -t->shape[d]) {
+        char sh[128];
+        lunar_tensor_shape_str(t, sh, sizeof sh);
+        lunar_lua_error(L, "select: index %lld out of bounds for dim %d (size %lld) of '%s' %s", (long long)idx, d + 1,
+                        (long long)t->shape[d], lunar_tensor_label(t), sh);
+    }
     lunar_tensor *v = lunar_lua_push_empty_tensor(L);
     return view_done(L, lunar_tensor_select(lunar_lua_ctx(L), v, t, d, idx > 0 ? idx - 1 : idx));
 }

@@ -149,6 +149,14 @@ function methods.t(t) return t:transpose() end
 
 function methods.zero_(t) return t:fill_(0) end
 
+-- t itself, after checking it is still usable: a method that returns its tensor unchanged must
+-- still raise for a freed tensor or a view of a reset arena, as a copy would
+local function live(t, op)
+    local ok, why = t:is_valid()
+    if not ok then fail(('%s: %s'):format(op, why)) end
+    return t
+end
+
 -- t:to('cuda'), t:to('bf16'), t:to('cuda:1', 'bf16'), t:to({device=, dtype=}): returns t itself
 -- when nothing changes (like torch), else a new contiguous tensor.
 function methods.to(t, a, b)
@@ -161,7 +169,7 @@ function methods.to(t, a, b)
     take(a)
     take(b)
     if (dtype == nil or dtype == t:dtype()) and (device == nil or core.device_name(device) == t:device()) then
-        return t
+        return live(t, 'to')
     end
     return core.convert(t, dtype, device)
 end
@@ -179,7 +187,7 @@ function methods.cuda(t, idx) return t:to(idx and ('cuda:' .. idx) or 'cuda') en
 function methods.clone(t) return core.convert(t) end
 
 function methods.contiguous(t)
-    if t:is_contiguous() then return t end
+    if t:is_contiguous() then return live(t, 'contiguous') end
     return core.convert(t)
 end
 

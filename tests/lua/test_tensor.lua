@@ -88,6 +88,10 @@ T:test('errors name shapes and point at the caller', function()
     local err = T.raises(function() lunar.zeros(2, 3):view(4, 2) end, 'has 6 elements')
     assert(err:find('test_tensor.lua:%d+:'), 'error points at the calling line: ' .. err)
     T.raises(function() lunar.zeros(2):narrow(1, 2, 5) end, 'out of bounds')
+    -- positions and dims in messages are the caller's 1-based ones
+    T.raises(function() lunar.zeros(4, 5):narrow(2, 4, 5) end, 'start 4, length 5 out of bounds for dim 2 (size 5)')
+    T.raises(function() lunar.zeros(4, 5):narrow(2, 0, 1) end, 'start 0')
+    T.raises(function() lunar.zeros(4, 5):select(1, 7) end, 'index 7 out of bounds for dim 1 (size 4)')
     T.raises(function() lunar.zeros(2, 2):size(3) end, 'dim 3 out of range')
 end)
 
@@ -154,6 +158,10 @@ T:test('arena views go stale on reset', function()
     a:reset()
     local err = T.raises(function() x:fill_(1) end, "arena 'step'")
     assert(err:find('acts.x', 1, true), err)
+    -- methods that would return the tensor itself raise too
+    T.raises(function() x:float() end, "to: tensor 'acts.x' is a view of arena 'step'")
+    T.raises(function() x:contiguous() end, "contiguous: tensor 'acts.x'")
+    T.raises(function() x:narrow(1, 1, 2):to('cpu') end, "arena 'step'")
     T.raises(function() a:tensor({1048576}) end, 'is full')
     -- an empty tensor of an empty arena is valid (its storage had a NULL pointer, which the
     -- validity check took for a freed one)
