@@ -141,6 +141,22 @@ void lunar_tb_file_version(lunar_buf *b, double wall_time) {
     lunar_buf_free(&ev);
 }
 
+void lunar_tb_session_start(lunar_buf *b, double wall_time, int64_t step) {
+    lunar_buf log = {0}, ev = {0};
+    put_key(&log, 1, 0);
+    put_varint(&log, 1);                   /* SessionLog.status = START */
+    if (wall_time != 0.0) put_double(&ev, 1, wall_time);
+    if (step != 0) {
+        put_key(&ev, 2, 0);
+        put_varint(&ev, (uint64_t)step);
+    }
+    if (!log.oom) put_bytes(&ev, 6, log.data, log.len);
+    if (ev.oom || log.oom) b->oom = 1;
+    else lunar_tb_record(b, ev.data, ev.len);
+    lunar_buf_free(&log);
+    lunar_buf_free(&ev);
+}
+
 void lunar_tb_scalars(lunar_buf *b, double wall_time, int64_t step, int n, const char *const *tags,
                       const size_t *tag_lens, const double *values) {
     lunar_buf summary = {0}, value = {0}, ev = {0};

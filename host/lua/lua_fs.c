@@ -8,7 +8,8 @@
  *   core.fs.remove_tree(path)         depth first, never follows links; a missing path is fine
  *   core.fs.crc32c(str[, crc]) -> u32 core.fs.crc32c_file(path) -> crc, size
  *   core.fs.sleep(s), getpid(), pid_alive(pid), isatty(fd), hostname(), wall_time()
- *   core.tb.record(data), file_version(wall_time), scalars(wall_time, step, {tags}, {values})
+ *   core.tb.record(data), file_version(wall_time), scalars(wall_time, step, {tags}, {values}),
+ *   session_start(wall_time, step)
  *       -> the framed record bytes (see host/io/tfevents.h)
  *
  * Actions raise an error naming the path and the reason; probes (mkdir, list, stat) return
@@ -268,6 +269,16 @@ static int l_tb_file_version(lua_State *L) {
     return push_buf(L, &b, "file_version");
 }
 
+static int l_tb_session_start(lua_State *L) {
+    double wall = luaL_checknumber(L, 1);
+    lua_Number step = luaL_checknumber(L, 2);
+    if (step != floor(step) || fabs(step) > 9007199254740992.0)
+        return lunar_lua_error(L, "tb.session_start: step %g is not an integer", (double)step);
+    lunar_buf b = {0};
+    lunar_tb_session_start(&b, wall, (int64_t)step);
+    return push_buf(L, &b, "session_start");
+}
+
 #define TB_MAX_TAGS 256
 
 static int l_tb_scalars(lua_State *L) {
@@ -306,7 +317,8 @@ void lunar_lua_open_fs(lua_State *L) {
         {"crc32c_file", l_crc32c_file}, {"sleep", l_sleep}, {"getpid", l_getpid}, {"pid_alive", l_pid_alive},
         {"isatty", l_isatty}, {"hostname", l_hostname}, {"wall_time", l_wall_time}, {NULL, NULL}};
     static const luaL_Reg tb[] = {
-        {"record", l_tb_record}, {"file_version", l_tb_file_version}, {"scalars", l_tb_scalars}, {NULL, NULL}};
+        {"record", l_tb_record}, {"file_version", l_tb_file_version}, {"scalars", l_tb_scalars},
+        {"session_start", l_tb_session_start}, {NULL, NULL}};
     lua_newtable(L);
     lunar_lua_setfuncs(L, fs);
     lua_setfield(L, -2, "fs");

@@ -96,7 +96,7 @@ local function fields(s)
     end
     return out
 end
--- events of a file: {wall=, step=, version=, scalars = {tag = value}, tags = {in order}}
+-- events of a file: {wall=, step=, version=, session_status=, scalars = {tag = value}, tags = {in order}}
 local function read_events(data)
     local events, i = {}, 1
     while i <= #data do
@@ -112,6 +112,8 @@ local function read_events(data)
             if f.field == 1 then ev.wall = f64(f.value, 1)
             elseif f.field == 2 then ev.step = f.value
             elseif f.field == 3 then ev.version = f.value
+            elseif f.field == 6 then
+                for _, x in ipairs(fields(f.value)) do if x.field == 1 then ev.session_status = x.value end end
             elseif f.field == 5 then
                 for _, vf in ipairs(fields(f.value)) do
                     local tag, val
@@ -324,6 +326,23 @@ T:test('a resumed run drops the JSONL lines after start_step and appends', funct
     end
     T.equal(got, {1001, 2002, 3003, 4004, 5050, 6060, 7070}, 'steps and losses')
     if fs.stat(dir .. '/tb') then error('tensorboard = false still made tb/') end
+end)
+
+T:test('a resumed run and the skipped/NaN counts it continues; its event file opens with a restart', function()
+    local dir = base .. '/run3'
+    local m = metrics.new{dir = dir, progress = false, tb_filename = 'events.out.tfevents.1', start_step = 4,
+                          counts = {skipped_steps = 2, nan_steps = 1}}
+    m:log(5, {loss = 0 / 0, skipped = true})
+    m:log(6, {loss = 1})
+    T.equal({m:counts().skipped_steps, m:counts().nan_steps}, {3, 2}, 'counts continue')
+    local s = m:close()
+    T.equal({s.skipped_steps, s.nan_steps}, {3, 2}, 'summary')
+    local ev = read_events(slurp(dir .. '/tb/events.out.tfevents.1'))
+    assert(ev[1].version == 'brain.Event:2', 'header first')
+    -- SessionLog{status = START} at the first resumed step: TensorBoard purges steps >= 5
+    T.equal({ev[2].session_status, ev[2].step}, {1, 5}, 'restart event')
+    T.equal({ev[3].step, ev[4].step}, {5, 6}, 'then the steps')
+    T.raises(function() metrics.new{counts = {skipped_steps = -1}} end, 'counts.skipped_steps')
 end)
 
 T:test('peak memory, json numbers, errors', function()

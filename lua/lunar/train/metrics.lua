@@ -142,6 +142,14 @@ function TB:add_scalars(step, tags, values, wall)
     self.f:flush()
 end
 
+-- session_start(step[, wall_time]): marks a restart at step (a resumed run): TensorBoard then
+-- drops the points of steps >= step that an earlier, interrupted run wrote
+function TB:session_start(step, wall)
+    if not self.f then fail('metrics: the TensorBoard writer is closed') end
+    self.f:write(tb.session_start(wall or fs.wall_time(), step))
+    self.f:flush()
+end
+
 function TB:close()
     if self.f then self.f:close() end
     self.f = nil
@@ -227,6 +235,7 @@ function M.new(o)
         fs.mkdir_p(tbdir)
         local wall = m.wall_time()
         m.tb = M.tb_writer(tbdir .. '/' .. (o.tb_filename or M.tb_filename(wall)), {wall_time = wall})
+        if m.start_step > 0 then m.tb:session_start(m.start_step + 1, wall) end
     end
     m.t_last = m.clock()
     m.t_start = m.t_last
