@@ -150,7 +150,7 @@ void lunar_tb_session_start(lunar_buf *b, double wall_time, int64_t step) {
         put_key(&ev, 2, 0);
         put_varint(&ev, (uint64_t)step);
     }
-    if (!log.oom) put_bytes(&ev, 6, log.data, log.len);
+    if (!log.oom) put_bytes(&ev, 7, log.data, log.len);
     if (ev.oom || log.oom) b->oom = 1;
     else lunar_tb_record(b, ev.data, ev.len);
     lunar_buf_free(&log);

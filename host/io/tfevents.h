@@ -7,7 +7,7 @@
  *
  * masked(c) = ((c >> 15) | (c << 17)) + 0xA282EAD8 (mod 2^32). The Event fields written here are
  * wall_time (1, double), step (2, varint), file_version (3, string), summary (5), whose
- * Summary.Value entries carry tag (1) and simple_value (2, float), and session_log (6), whose
+ * Summary.Value entries carry tag (1) and simple_value (2, float), and session_log (7), whose
  * SessionLog carries status (1, enum: START = 1). lunar_tb_* append whole
  * records (framing included) to a lunar_buf; the caller writes the bytes to the file.
  */

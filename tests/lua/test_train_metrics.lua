@@ -112,7 +112,7 @@ local function read_events(data)
             if f.field == 1 then ev.wall = f64(f.value, 1)
             elseif f.field == 2 then ev.step = f.value
             elseif f.field == 3 then ev.version = f.value
-            elseif f.field == 6 then
+            elseif f.field == 7 then
                 for _, x in ipairs(fields(f.value)) do if x.field == 1 then ev.session_status = x.value end end
             elseif f.field == 5 then
                 for _, vf in ipairs(fields(f.value)) do

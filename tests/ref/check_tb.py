@@ -12,6 +12,8 @@
    from a FLOP count); the accumulator must find every expected tag, each with steps 1..20, and
    values equal to the float32 rounding of the numbers in metrics.jsonl (NaN where the JSONL has
    null for a non-finite loss or grad norm).
+3. A run interrupted after step 6 and resumed from step 4 (two event files): the accumulator shows
+   steps 1-8 once each, the resumed run's values from step 5 (its SessionLog START purges the rest).
 
 Exit 0 when everything matches, 1 otherwise. Needs only tensorboard (and its numpy/protobuf).
 """
@@ -40,6 +42,17 @@ for s = 1, 20 do
     m:log(s, {loss = loss, grad_norm = 1 / (s + 2), lr = 1e-3 * math.min(1, s / 5), tokens = 512 + s,
               skipped = s == 7, extra = {aux_loss = 0.01 * s}})
 end
+m:close()
+"""
+
+# 3. an interrupted run (steps 1-6) resumed from its step-4 checkpoint (steps 5-8, new values)
+LUA_RESUME = r"""
+local metrics = require 'lunar.train.metrics'
+local m = metrics.new{dir = arg_dir, progress = false, tb_filename = 'events.out.tfevents.1700000000.host.1.0'}
+for s = 1, 6 do m:log(s, {loss = s}) end
+m:close()
+m = metrics.new{dir = arg_dir, progress = false, start_step = 4, tb_filename = 'events.out.tfevents.1700000100.host.2.0'}
+for s = 5, 8 do m:log(s, {loss = 100 + s}) end
 m:close()
 """
 
@@ -112,6 +125,20 @@ def main():
                     bad.append(f"{tag} step {e.step}: TensorBoard read {e.value!r}, JSONL has {r.get(key)!r}")
                 checked += 1
         print(f"run: {checked} values compared")
+
+    # 3. a resumed run: TensorBoard shows each step once, the resumed run's value after step 4
+    with tempfile.TemporaryDirectory() as tmp:
+        run = os.path.join(tmp, "resumed")
+        script = os.path.join(tmp, "resume.lua")
+        with open(script, "w") as f:
+            f.write(f"local arg_dir = {json.dumps(run)}\n" + LUA_RESUME)
+        subprocess.run([a.lunar, script], check=True, env=dict(os.environ, LUNAR_LUA_PATH=os.path.join(ROOT, "lua")))
+        acc = load(os.path.join(run, "tb"))
+        got = [(e.step, e.value) for e in acc.Scalars("train/loss")]
+        want = [(1, 1.0), (2, 2.0), (3, 3.0), (4, 4.0), (5, 105.0), (6, 106.0), (7, 107.0), (8, 108.0)]
+        print(f"resumed: {got}")
+        if got != want:
+            bad.append(f"resumed: TensorBoard read {got}, expected {want}")
     for b in bad:
         print("MISMATCH:", b)
     print("check_tb: " + ("FAILED" if bad else "OK: TensorBoard reads lunar's event files (tags, steps, values)"))
