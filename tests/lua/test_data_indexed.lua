@@ -328,6 +328,11 @@ T:test('preprocess: JSONL with bad rows counted by line; the command line end to
     local tok = data.byte_tokenizer()
     eq(tok:decode(ds:tokens(2)), '42', 'number as text')
     eq(tok:decode(ds:tokens(3)), 'omega \195\169', 'utf-8 bytes')
+    -- without format=, a .jsonl input is read as JSONL (the same documents), not as text
+    assert(src:match('%.jsonl$'), src)
+    local res2 = data.preprocess{input = src, output_prefix = dir .. '/pp/j2', quiet = true}
+    eq(res2.documents, 3, 'jsonl by its name')
+    eq(tok:decode(data.indexed_open(res2.prefix):tokens(3)), 'omega \195\169', 'the same documents')
 
     -- the command line: find our own executable and run the recipe
     local p = io.popen('readlink /proc/' .. (io.open('/proc/self/stat'):read('*l'):match('^(%d+)')) .. '/exe')

@@ -2,7 +2,7 @@
 -- tools/preprocess_data.py does); the command line is recipes/tools/preprocess.lua.
 --
 --   local res = data.preprocess{input = 'a.txt' | {...} | 'dir/', output_prefix = 'out/shakespeare',
---       tokenizer = 'bytes' | '<tokenizer.json>' | <tokenizer object>, format = 'text' | 'jsonl',
+--       tokenizer = 'bytes' | '<tokenizer.json>' | <tokenizer object>, format = 'text' | 'jsonl' (default: jsonl when every input ends in .jsonl/.json),
 --       field = 'text', split = 'blank' | 'file' | 'line', append_eod = true, dtype = 'auto',
 --       limit = nil, quiet = false}
 --   -> {prefix = '<output_prefix>_<field>_document', documents =, tokens =, dtype =, report =,
@@ -86,7 +86,16 @@ function M.run(opts)
     local t0 = require('lunar.core').clock()
     if opts.input == nil or opts.input == '' then fail('preprocess: input= is required (a file, a list or a directory)') end
     if type(opts.output_prefix) ~= 'string' or opts.output_prefix == '' then fail('preprocess: output_prefix= is required') end
-    local format = opts.format or 'text'
+    -- default format: jsonl when every input file is named *.jsonl / *.json (Megatron's tool
+    -- reads JSONL only), else text
+    local format = opts.format
+    if format == nil then
+        local inputs = type(opts.input) == 'table' and opts.input or {opts.input}
+        format = #inputs > 0 and 'jsonl' or 'text'
+        for _, p in ipairs(inputs) do
+            if type(p) ~= 'string' or not (p:match('%.jsonl$') or p:match('%.json$')) then format = 'text' end
+        end
+    end
     if format ~= 'text' and format ~= 'jsonl' then fail(("preprocess: format must be 'text' or 'jsonl', got %s"):format(tostring(format))) end
     local key = opts.field or 'text'
     local tok = M.load_tokenizer(opts.tokenizer or 'bytes')
