@@ -86,6 +86,10 @@ T:test('lora: base weights stay bit-identical, adapters train and are saved for 
     assert(r.losses[4] < r.losses[1], 'the LoRA loss falls')
     local cfg = lunar.io.read_json(d .. '/adapter/adapter_config.json')
     assert(cfg.peft_type == 'LORA' and cfg.r == 8)
+    -- the fresh base is saved beside the adapters and named by them
+    assert(cfg.base_model_name_or_path == d .. '/adapter/base', tostring(cfg.base_model_name_or_path))
+    local saved = lunar.model.load(d .. '/adapter/base')
+    params_equal(base:parameters(), saved:parameters())
     local ad = lunar.io.load_checkpoint(d .. '/adapter/adapter_model.safetensors')
     assert(ad['base_model.model.model.layers.0.self_attn.q_a_proj.lora_A.weight'])
     os.execute(('rm -rf %q'):format(d))

@@ -213,8 +213,19 @@ function M.run(cfg)
     end
     local summary = m:close()
     if cfg.output and cfg.output.dir then
-        if adapters then lunar.peft.save(model, cfg.output.dir)
-        else model:save_hf(cfg.output.dir) end
+        if adapters then
+            -- adapters of a fresh base (a seeded init, no model.path) are useless without it: the
+            -- base is written beside them (<output.dir>/base) and named in adapter_config.json
+            local base = cfg.model.path or cfg.model.hf_id
+            if not base then
+                base = cfg.output.dir .. '/base'
+                model:save_hf(base)
+                log(cfg, 'saved the base model to %s', base)
+            end
+            lunar.peft.save(model, cfg.output.dir, {base_model_name_or_path = base})
+        else
+            model:save_hf(cfg.output.dir)
+        end
         log(cfg, 'saved %s to %s', adapters and 'the adapters' or 'the model', cfg.output.dir)
     end
     -- how far the loss fell: the first step against the mean of the last steps (single steps
