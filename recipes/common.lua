@@ -14,7 +14,7 @@ local M = {}
 -- the repository root (recipes/..), for the paths presets use
 local here = debug.getinfo(1, 'S').source:match('^@(.*/)') or './'
 -- (run from inside recipes/, `here` is './': the root is then its parent)
-if here:match('recipes/$') then M.root = here:gsub('recipes/$', '') else M.root = here .. '../' end
+if here == 'recipes/' or here:match('/recipes/$') then M.root = here:gsub('recipes/$', '') else M.root = here .. '../' end
 if M.root == '' then M.root = './' end
 
 -- p with ${VAR} replaced by the environment's value (an unset variable is an error when the
@@ -80,7 +80,7 @@ function M.recipe(kind, overrides)
     if overrides == nil then
         -- every argument of a recipe is key=value: a bare word is a mistake, not something to skip
         for i = 1, #(arg or {}) do
-            if not arg[i]:find('=', 1, true) then
+            if not arg[i]:find('=', 1, true) or arg[i]:sub(1, 1) == '-' then
                 error(("recipe argument %q is not key=value (e.g. train.steps=100)"):format(arg[i]), 0)
             end
         end
@@ -206,7 +206,8 @@ function M.validate(cfg)
     int('optim.warmup', o.warmup, 0)
     if not (o.lr > 0) then bad('optim.lr', o.lr, 'expected a positive number') end
     if not (o.min_lr >= 0) then bad('optim.min_lr', o.min_lr, 'expected a number >= 0') end
-    if cfg.expect_loss_fall and not (cfg.expect_loss_fall > 0 and cfg.expect_loss_fall < 1) then
+    local elf = cfg.expect_loss_fall
+    if elf and not (type(elf) == 'number' and elf > 0 and elf < 1) then
         bad('expect_loss_fall', cfg.expect_loss_fall, 'expected a fraction in (0, 1), or false')
     end
 end

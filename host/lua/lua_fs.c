@@ -8,6 +8,7 @@
  *   core.fs.remove_tree(path)         depth first, never follows links; a missing path is fine
  *   core.fs.crc32c(str[, crc]) -> u32 core.fs.crc32c_file(path) -> crc, size
  *   core.fs.sleep(s), getpid(), pid_alive(pid), isatty(fd), hostname(), wall_time()
+ *   core.fs.realpath(path) -> absolute path | nil, err
  *   core.tb.record(data), file_version(wall_time), scalars(wall_time, step, {tags}, {values}),
  *   session_start(wall_time, step)
  *       -> the framed record bytes (see host/io/tfevents.h)
@@ -236,6 +237,20 @@ static int l_hostname(lua_State *L) {
     return 1;
 }
 
+/* realpath(path) -> the absolute path with links resolved | nil, err (the path must exist) */
+static int l_realpath(lua_State *L) {
+    const char *path = luaL_checkstring(L, 1);
+    char *abs = realpath(path, NULL);
+    if (!abs) {
+        lua_pushnil(L);
+        lua_pushfstring(L, "%s: %s", path, strerror(errno));
+        return 2;
+    }
+    lua_pushstring(L, abs);
+    free(abs);
+    return 1;
+}
+
 static int l_wall_time(lua_State *L) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -315,7 +330,8 @@ void lunar_lua_open_fs(lua_State *L) {
         {"mkdir_p", l_mkdir_p}, {"mkdir", l_mkdir}, {"list", l_list}, {"stat", l_stat}, {"fsync", l_fsync},
         {"rename", l_rename}, {"exchange", l_exchange}, {"remove_tree", l_remove_tree}, {"crc32c", l_crc32c},
         {"crc32c_file", l_crc32c_file}, {"sleep", l_sleep}, {"getpid", l_getpid}, {"pid_alive", l_pid_alive},
-        {"isatty", l_isatty}, {"hostname", l_hostname}, {"wall_time", l_wall_time}, {NULL, NULL}};
+        {"isatty", l_isatty}, {"hostname", l_hostname}, {"wall_time", l_wall_time}, {"realpath", l_realpath},
+        {NULL, NULL}};
     static const luaL_Reg tb[] = {
         {"record", l_tb_record}, {"file_version", l_tb_file_version}, {"scalars", l_tb_scalars},
         {"session_start", l_tb_session_start}, {NULL, NULL}};

@@ -162,11 +162,18 @@ T:test('read_chat: tools and tool-call arguments keep their key order; unknown r
         '{"messages": [{"role": "user", "content": "q"}, {"role": "observation", "content": "x"}, '
             .. '{"role": "assistant", "content": "a"}]}',
         '{"tools": {"name": "f"}, "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}',
+        -- a raw tab inside a string: invalid JSON (Python's json rejects it; cJSON lets it through)
+        '{"tools": [], "messages": [{"role": "user", "content": "a\tb"}, {"role": "assistant", "content": "a"}]}',
     }, '\n'))
     local rows, rep = data.read_chat(path)
     eq(#rows, 1, 'rows')
     list_eq(rep:lines('bad_role'), {2}, 'observation is not a role the templates render')
     list_eq(rep:lines('wrong_type'), {3}, 'tools must be a list')
+    list_eq(rep:lines('invalid_json'), {4}, 'a row only the strict decoder rejects is a bad row')
+    -- a byte-order mark before the first row is skipped
+    local bom = dir .. '/bom.jsonl'
+    spit(bom, '\239\187\191{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}\n')
+    eq(#data.read_chat(bom), 1, 'BOM')
     eq(#rows[1].tools, 1, 'the row keeps its tools')
     local text = lunar.chat.render(rows[1].messages, {tools = rows[1].tools})
     local function before(a, b, what)

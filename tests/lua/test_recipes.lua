@@ -68,8 +68,18 @@ T:test('skipped and NaN step counts continue over a resume', function()
     assert(second.start_step == 3, 'resumed at step ' .. tostring(second.start_step))
     T.equal({second.summary.skipped_steps, second.summary.nan_steps}, {5, 5}, 'counts at step 6')
     -- run again: the run is finished, nothing is trained
-    local third = common.run('sft', small(d, o))
+    local o_fin = small(d, o)
+    o_fin.output.dir = d .. '/final'
+    local third = common.run('sft', o_fin)
     assert(third.finished and #third.losses == 0 and third.start_step == 6, 'a finished run trains nothing')
+    -- ... but writes the output it was asked for and does not have yet
+    assert(lunar.io.read_json(d .. '/final/config.json').num_hidden_layers == 4, 'output of a finished run')
+    -- a run stopped early (stop_after) is not held to the loss-fall gate
+    local d2 = tmpdir()
+    local early = common.run('sft', small(d2, {train = {steps = 4, log_every = 100}, stop_after = 2,
+        expect_loss_fall = 0.99}))
+    assert(#early.losses == 2, 'stopped after 2 steps')
+    os.execute(('rm -rf %q'):format(d2))
     os.execute(('rm -rf %q'):format(d))
     -- the loss-fall gate: a NaN fall (a NaN loss) fails it, as NaN < x is false
     local trainer = require 'lunar.train.trainer'
@@ -87,7 +97,9 @@ T:test('lora: base weights stay bit-identical, adapters train and are saved for 
     local cfg = lunar.io.read_json(d .. '/adapter/adapter_config.json')
     assert(cfg.peft_type == 'LORA' and cfg.r == 8)
     -- the fresh base is saved beside the adapters and named by them
-    assert(cfg.base_model_name_or_path == d .. '/adapter/base', tostring(cfg.base_model_name_or_path))
+    local fs = require('lunar.core').fs
+    assert(cfg.base_model_name_or_path == fs.realpath(d .. '/adapter/base'), tostring(cfg.base_model_name_or_path))
+    assert(cfg.base_model_name_or_path:sub(1, 1) == '/', 'an absolute path')
     local saved = lunar.model.load(d .. '/adapter/base')
     params_equal(base:parameters(), saved:parameters())
     local ad = lunar.io.load_checkpoint(d .. '/adapter/adapter_model.safetensors')
@@ -185,6 +197,7 @@ T:test('values out of range are errors naming the key before anything runs', fun
     check({data = {seq_len = 2.5}}, 'data.seq_len=2.5')
     check({optim = {lr = 0}}, 'optim.lr=0')
     check({expect_loss_fall = 1.5}, 'expect_loss_fall=1.5')
+    T.raises(function() common.validate(common.recipe('pretrain', {expect_loss_fall = true})) end, 'expect_loss_fall=true')
     common.validate(common.recipe('sft', {}))
     common.validate(common.recipe('pretrain', {}))
     common.validate(common.recipe('lora', {}))

@@ -244,10 +244,11 @@ T:test('a logged run: JSONL lines and events (tags, steps, float32 values) agree
     if not lines[4]:find(',"aux_loss":0.125}', 1, true) then error('extra missing: ' .. lines[4]) end
     -- events
     local ev = read_events(slurp(dir .. '/tb/events.out.tfevents.test'))
-    T.equal(#ev, 6, 'header + 5 events')
+    T.equal(#ev, 7, 'header + restart at step 1 + 5 events')
     if ev[1].version ~= 'brain.Event:2' then error('no header') end
+    T.equal({ev[2].session_status, ev[2].step}, {1, 1}, 'SessionLog START at step 1')
     for s = 1, 5 do
-        local e = ev[s + 1]
+        local e = ev[s + 2]
         T.equal(e.step, s, 'event step')
         local o = lio.decode_json(lines[s])
         for _, pair in ipairs({{'train/loss', 'loss'}, {'train/grad_norm', 'grad_norm'}, {'train/lr', 'lr'},
@@ -265,7 +266,7 @@ T:test('a logged run: JSONL lines and events (tags, steps, float32 values) agree
         end
         T.close(e.scalars['mem/peak_gib'], o.peak_mem_bytes / 2 ^ 30, {rtol = 1e-6, atol = 0})
     end
-    T.equal(ev[5].scalars['train/aux_loss'], 0.125, 'extra scalar')
+    T.equal(ev[6].scalars['train/aux_loss'], 0.125, 'extra scalar')
     -- summary: warm-up 2 -> steps 3..5: 4000 tokens in 3.5 s over 2 devices
     T.equal({summary.steps, summary.initial_loss, summary.final_loss, summary.final_grad_norm}, {5, 4, 1.5, 0.25}, 'summary')
     T.equal({summary.skipped_steps, summary.nan_steps, summary.measured_steps, summary.total_tokens}, {1, 1, 3, 6000}, 'counts')

@@ -99,6 +99,8 @@ local function read_jsonl(what, paths, opts, check)
         local ln = 0
         for line in f:lines() do
             ln = ln + 1
+            -- a UTF-8 byte-order mark (files saved by some Windows editors) is not part of the JSON
+            if ln == 1 and line:sub(1, 3) == '\239\187\191' then line = line:sub(4) end
             if line:find('%S') then
                 local ok, obj = pcall(decode, line, 'json')
                 if not ok then
@@ -177,7 +179,11 @@ function M.read_chat(paths, opts)
         end
         -- rows with tools or tool calls are read again keeping key order (as Python's json does)
         if has_json_objects(obj, msgs) then
-            obj = pyjson.decode(line)
+            -- pyjson is as strict as Python's json (cJSON lets a raw control character in a
+            -- string through): what it rejects is a bad row, not the end of the read
+            local ok, ordered = pcall(pyjson.decode, line)
+            if not ok then return nil, 'invalid_json', tostring(ordered) end
+            obj = ordered
             msgs = obj[field]
         end
         local id = obj.id

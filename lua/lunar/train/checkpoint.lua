@@ -482,7 +482,9 @@ function Manager:prune(saved_step)
     local kept, removed = 0, {}
     for _, c in ipairs(list) do
         if saved_step and c.step > saved_step then
-            if c.complete and not self.quiet then
+            self.warned = self.warned or {}
+            if c.complete and not self.quiet and not self.warned[c.dir] then
+                self.warned[c.dir] = true
                 report(('%s has a later step than the save just written (%d); left in place, but resume=auto would choose it'):format(c.dir, saved_step))
             end
         elseif c.complete and M.check(c.dir, {checksums = false}) then

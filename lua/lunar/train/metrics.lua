@@ -235,7 +235,10 @@ function M.new(o)
         fs.mkdir_p(tbdir)
         local wall = m.wall_time()
         m.tb = M.tb_writer(tbdir .. '/' .. (o.tb_filename or M.tb_filename(wall)), {wall_time = wall})
-        if m.start_step > 0 then m.tb:session_start(m.start_step + 1, wall) end
+        -- a (re)start at the first step this run logs: TensorBoard drops the points an earlier run
+        -- in this directory wrote from there on (a resumed run's tail, or all of a run started
+        -- afresh), so no step shows twice
+        m.tb:session_start(m.start_step + 1, wall)
     end
     m.t_last = m.clock()
     m.t_start = m.t_last

@@ -17,6 +17,7 @@ local data = require 'lunar.data'
 local checkpoint = require 'lunar.train.checkpoint'
 local metrics_mod = require 'lunar.train.metrics'
 local flops = require 'lunar.model.flops'
+local fs = require('lunar.core').fs
 
 local M = {}
 
@@ -83,6 +84,28 @@ local function build_model(cfg, resume_model_dir)
     return lunar.model.new(mc.config, opts)
 end
 
+-- the final model (HF format) or adapters (PEFT format) to output.dir, when it is set
+local function save_output(cfg, model, adapters)
+    local out = cfg.output and cfg.output.dir
+    if not out then return end
+    if adapters then
+        -- adapters of a fresh base (a seeded init, no model.path) are useless without it: the
+        -- base is written beside them (<output.dir>/base) and named, by its absolute path (PEFT
+        -- reads a path it cannot find as a Hub id), in adapter_config.json
+        local base = cfg.model.path or cfg.model.hf_id
+        if not base then
+            base = out .. '/base'
+            model:save_hf(base)
+            base = fs.realpath(base) or base
+            log(cfg, 'saved the base model to %s', base)
+        end
+        lunar.peft.save(model, out, {base_model_name_or_path = base})
+    else
+        model:save_hf(out)
+    end
+    log(cfg, 'saved %s to %s', adapters and 'the adapters' or 'the model', out)
+end
+
 -- ---- the loop -----------------------------------------------------------------------------------
 
 -- the loss-fall gate: fall >= expect, written so that a NaN fall (a NaN loss) fails it
@@ -102,7 +125,7 @@ function M.run(cfg)
         for _, what in ipairs({'truncated', 'split'}) do
             if rep.notes[what] then changed[#changed + 1] = ('%d %s'):format(rep.notes[what], what) end
         end
-        log(cfg, 'data: %d documents kept%s, %d rejected', rep.n_good,
+        log(cfg, 'data: %d rows kept%s, %d rejected', rep.n_good,
             #changed > 0 and (' (' .. table.concat(changed, ', ') .. ' at max_len)') or '', rep.n_bad)
         if not cfg.quiet then rep:print() end
     end
@@ -155,6 +178,11 @@ function M.run(cfg)
         log(cfg, 'nothing to do: %s is at step %d of train.steps=%d (the run finished). Set checkpoint.resume=none '
             .. 'to train afresh, a larger train.steps to continue, or another checkpoint.dir', st.dir, start,
             cfg.train.steps)
+        -- the output of a run that died after its last checkpoint (or that asks for one now)
+        local out = cfg.output and cfg.output.dir
+        if out and not fs.stat(out .. (adapters and '/adapter_config.json' or '/config.json')) then
+            save_output(cfg, model, adapters)
+        end
         return {model = model, adapters = adapters, losses = {}, optimizer = opt, loader = loader, finished = true,
                 seconds = lunar.clock() - t_start, start_step = start}
     end
@@ -171,7 +199,7 @@ function M.run(cfg)
 
     local accum = cfg.train.grad_accum
     local losses = {}
-    local last_loss
+    local last_loss, stopped_early
     for step = start + 1, cfg.train.steps do
         local t0 = lunar.clock()
         local batches, targets, tokens = {}, 0, 0
@@ -209,25 +237,13 @@ function M.run(cfg)
                 metrics = {loss = loss_sum, skipped_steps = m:counts().skipped_steps, nan_steps = m:counts().nan_steps},
                 extra = adapters and {lora_rng = adapters:rng_state()} or nil})
         end
-        if cfg.stop_after and step >= cfg.stop_after then break end
+        if cfg.stop_after and step >= cfg.stop_after then
+            stopped_early = step < cfg.train.steps
+            break
+        end
     end
     local summary = m:close()
-    if cfg.output and cfg.output.dir then
-        if adapters then
-            -- adapters of a fresh base (a seeded init, no model.path) are useless without it: the
-            -- base is written beside them (<output.dir>/base) and named in adapter_config.json
-            local base = cfg.model.path or cfg.model.hf_id
-            if not base then
-                base = cfg.output.dir .. '/base'
-                model:save_hf(base)
-                log(cfg, 'saved the base model to %s', base)
-            end
-            lunar.peft.save(model, cfg.output.dir, {base_model_name_or_path = base})
-        else
-            model:save_hf(cfg.output.dir)
-        end
-        log(cfg, 'saved %s to %s', adapters and 'the adapters' or 'the model', cfg.output.dir)
-    end
+    save_output(cfg, model, adapters)
     -- how far the loss fell: the first step against the mean of the last steps (single steps
     -- are noisy: their documents differ), over this process's steps
     local fall
@@ -239,7 +255,9 @@ function M.run(cfg)
         fall = 1 - tail / losses[1]
         log(cfg, 'loss %.4f at step %d -> %.4f (mean of the last %d steps): %.1f%% lower', losses[1], start + 1, tail, k,
             100 * fall)
-        if cfg.expect_loss_fall and start == 0 and not M.loss_fell_enough(fall, cfg.expect_loss_fall) then
+        -- the gate holds for a whole run from step 1 (not a resumed or a stopped one)
+        if cfg.expect_loss_fall and start == 0 and not stopped_early
+            and not M.loss_fell_enough(fall, cfg.expect_loss_fall) then
             fail(('the loss fell by %.1f%%, less than the %.0f%% this recipe expects'):format(100 * fall,
                 100 * cfg.expect_loss_fall))
         end
