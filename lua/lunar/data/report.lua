@@ -29,27 +29,26 @@ function Report:good(n)
     self.n_good = self.n_good + (n or 1)
 end
 
-function Report:bad(reason, file, line, detail)
-    self.counts[reason] = (self.counts[reason] or 0) + 1
-    self.n_bad = self.n_bad + 1
-    local ex = self.examples[reason]
+-- one more of `key` in counts, and its location among the first `show` in examples
+local function count(self, counts, examples, key, file, line, detail)
+    counts[key] = (counts[key] or 0) + 1
+    local ex = examples[key]
     if not ex then
         ex = {}
-        self.examples[reason] = ex
+        examples[key] = ex
     end
     if #ex < self.show then ex[#ex + 1] = {file = file, line = line, detail = detail} end
+end
+
+function Report:bad(reason, file, line, detail)
+    self.n_bad = self.n_bad + 1
+    count(self, self.counts, self.examples, reason, file, line, detail)
 end
 
 -- A row that was kept but changed (cut to max_len, split into pieces): counted apart from the
 -- rejected ones, with where the first `show` of each kind are
 function Report:note(what, file, line, detail)
-    self.notes[what] = (self.notes[what] or 0) + 1
-    local ex = self.noted[what]
-    if not ex then
-        ex = {}
-        self.noted[what] = ex
-    end
-    if #ex < self.show then ex[#ex + 1] = {file = file, line = line, detail = detail} end
+    count(self, self.notes, self.noted, what, file, line, detail)
 end
 
 function Report:where_noted(what) return self.noted[what] or {} end
@@ -102,27 +101,26 @@ local function loc(e)
     return s
 end
 
+-- one line per key of counts, sorted: "<prefix><key>: n  e.g. file:line (detail); ..."
+local function lines_of(out, counts, examples, prefix)
+    local keys = {}
+    for k in pairs(counts) do keys[#keys + 1] = k end
+    table.sort(keys)
+    for _, k in ipairs(keys) do
+        local n = counts[k]
+        local locs = {}
+        for i, e in ipairs(examples[k] or {}) do locs[i] = loc(e) end
+        local more = n > #locs and (', and %d more'):format(n - #locs) or ''
+        out[#out + 1] = ('  %s%s: %d  e.g. %s%s'):format(prefix, k, n, table.concat(locs, '; '), more)
+    end
+end
+
 function Report:summary()
     local head = ('%s%d rows accepted, %d rejected'):format(self.name and (self.name .. ': ') or '', self.n_good,
         self.n_bad)
     local out = {head}
-    for _, reason in ipairs(self:reasons()) do
-        local n = self.counts[reason]
-        local locs = {}
-        for i, e in ipairs(self:where(reason)) do locs[i] = loc(e) end
-        local more = n > #locs and (', and %d more'):format(n - #locs) or ''
-        out[#out + 1] = ('  %s: %d  e.g. %s%s'):format(reason, n, table.concat(locs, '; '), more)
-    end
-    local kinds = {}
-    for what in pairs(self.notes) do kinds[#kinds + 1] = what end
-    table.sort(kinds)
-    for _, what in ipairs(kinds) do
-        local n = self.notes[what]
-        local locs = {}
-        for i, e in ipairs(self:where_noted(what)) do locs[i] = loc(e) end
-        local more = n > #locs and (', and %d more'):format(n - #locs) or ''
-        out[#out + 1] = ('  kept but %s: %d  e.g. %s%s'):format(what, n, table.concat(locs, '; '), more)
-    end
+    lines_of(out, self.counts, self.examples, '')
+    lines_of(out, self.notes, self.noted, 'kept but ')
     return table.concat(out, '\n')
 end
 
