@@ -9,11 +9,12 @@
  * core.io.read_json(path) / decode_json(string, what) -> Lua value; JSON null is core.io.null
  *   (a NULL light userdata); an empty JSON array comes back as an empty table with metatable
  *   core.io.array_mt, so that it is written back as [].
- * core.io.encode_json(value) -> string; core.io.write_json(path, value) writes atomically. Keys are
- *   sorted and the layout is json.dumps(indent=2, sort_keys=True) + "\n", like transformers'
- *   config.json. Numbers read as float literals (1.0) are written back as floats: the tables
- *   that hold them carry the metatable {__json_floats = {key = true}} (transformers' strict
- *   config classes reject 1 where a float is declared).
+ * core.io.encode_json(value) -> string; core.io.write_json(path, value) writes atomically (so does
+ *   write_file(path, bytes)). Keys are sorted and the layout is json.dumps(indent=2,
+ *   sort_keys=True) + "\n", like transformers' config.json. Numbers read as float literals (1.0)
+ *   are written back as floats: the tables that hold them carry the metatable
+ *   {__json_floats = {key = true}} (transformers' strict config classes reject 1 where a float is
+ *   declared).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -606,6 +607,15 @@ static int l_write_json(lua_State *L) {
     return 0;
 }
 
+/* write_file(path, bytes): the bytes to path atomically (temp file, fsync, rename) */
+static int l_write_file(lua_State *L) {
+    const char *path = luaL_checkstring(L, 1);
+    size_t n;
+    const char *data = luaL_checklstring(L, 2, &n);
+    lunar_lua_check_status(L, lunar_write_file_atomic(lunar_lua_ctx(L), path, data, n));
+    return 0;
+}
+
 void lunar_lua_open_io(lua_State *L) {
     static const luaL_Reg methods[] = {{"keys", l_keys}, {"info", l_info}, {"tensor", l_tensor}, {"metadata", l_metadata},
                                        {"shards", l_shards}, {"path", l_path}, {"close", l_close}, {NULL, NULL}};
@@ -626,6 +636,7 @@ void lunar_lua_open_io(lua_State *L) {
                                    {"decode_json", l_decode_json},
                                    {"encode_json", l_encode_json},
                                    {"write_json", l_write_json},
+                                   {"write_file", l_write_file},
                                    {NULL, NULL}};
     lua_newtable(L);
     lunar_lua_setfuncs(L, fns);

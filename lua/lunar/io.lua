@@ -48,6 +48,7 @@ end
 
 M.read_json = C.read_json
 M.write_json = C.write_json
+M.write_file = C.write_file
 -- decode_json(text[, what]) -> value; encode_json(value) -> text (sorted keys, indent 2)
 M.decode_json = C.decode_json
 M.encode_json = C.encode_json

@@ -102,6 +102,12 @@ T:test('lora: base weights stay bit-identical, adapters train and are saved for 
     assert(cfg.base_model_name_or_path:sub(1, 1) == '/', 'an absolute path')
     local saved = lunar.model.load(d .. '/adapter/base')
     params_equal(base:parameters(), saved:parameters())
+    -- the tokenizer travels with both, so AutoTokenizer loads from either folder
+    local function slurp(p) local f = assert(io.open(p, 'rb')); local b = f:read('*a'); f:close(); return b end
+    local tok = slurp(common.recipe('lora', {}).tokenizer)
+    assert(slurp(d .. '/adapter/tokenizer.json') == tok, 'tokenizer.json beside the adapters')
+    assert(slurp(d .. '/adapter/base/tokenizer.json') == tok, 'tokenizer.json beside the base')
+    assert(lunar.tokenizer.load(d .. '/adapter/base'):vocab_size() == 6292, 'the base folder loads as a tokenizer')
     local ad = lunar.io.load_checkpoint(d .. '/adapter/adapter_model.safetensors')
     assert(ad['base_model.model.model.layers.0.self_attn.q_a_proj.lora_A.weight'])
     os.execute(('rm -rf %q'):format(d))

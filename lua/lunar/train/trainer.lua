@@ -84,6 +84,29 @@ local function build_model(cfg, resume_model_dir)
     return lunar.model.new(mc.config, opts)
 end
 
+-- HF tokenizer files that travel with an exported model, so AutoTokenizer loads from its folder
+local TOKENIZER_FILES = {'tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'chat_template.jinja'}
+
+-- copies the run's tokenizer (cfg.tokenizer: a tokenizer.json, or a folder holding one) and the
+-- files beside it into dir
+local function copy_tokenizer(cfg, dir)
+    local src = cfg.tokenizer
+    local st = src and fs.stat(src)
+    if not st then return end
+    local from = st.type == 'dir' and src or (src:match('^(.*)/[^/]*$') or '.')
+    local names = {}
+    for _, name in ipairs(TOKENIZER_FILES) do names[#names + 1] = name end
+    if st.type ~= 'dir' then names[1] = src:match('([^/]*)$') end
+    for i, name in ipairs(names) do
+        local f = io.open(from .. '/' .. name, 'rb')
+        if f then
+            local bytes = f:read('*a')
+            f:close()
+            lunar.io.write_file(dir .. '/' .. TOKENIZER_FILES[i], bytes)
+        end
+    end
+end
+
 -- the final model (HF format) or adapters (PEFT format) to output.dir, when it is set
 local function save_output(cfg, model, adapters)
     local out = cfg.output and cfg.output.dir
@@ -96,6 +119,7 @@ local function save_output(cfg, model, adapters)
         if not base then
             base = out .. '/base'
             model:save_hf(base)
+            copy_tokenizer(cfg, base)
             base = fs.realpath(base) or base
             log(cfg, 'saved the base model to %s', base)
         end
@@ -103,6 +127,7 @@ local function save_output(cfg, model, adapters)
     else
         model:save_hf(out)
     end
+    copy_tokenizer(cfg, out)
     log(cfg, 'saved %s to %s', adapters and 'the adapters' or 'the model', out)
 end
 
