@@ -38,6 +38,8 @@ M.defaults = {
         path = false,            -- ... or an HF checkpoint directory
         hf_id = false,           -- where a real preset's weights come from (documentation)
         dtype = 'f32', device = 'cpu', seed = 1234, indexer_loss_coeff = 0,
+        fp32_residual = true,    -- bf16/f16 training keeps the residual stream in f32 (Megatron's
+                                 -- --fp32-residual-connection; no effect in f32)
     },
     tokenizer = false,           -- tokenizer.json (a file or the checkpoint directory)
     data = {

@@ -59,6 +59,12 @@ end
 
 local function build(cfg, store, opts)
     local m = setmetatable({cfg = cfg, params = store, opts = opts, hooks = {}}, Model)
+    -- fp32_residual (Megatron's --fp32-residual-connection): with low-precision parameters the
+    -- residual stream between the layers stays f32; each sub-block reads it cast to the
+    -- parameters' dtype and its output is added back in f32, so small updates to a large
+    -- residual are not rounded away
+    m.dtype = store:get('model.embed_tokens.weight'):dtype()
+    m.fp32_residual = (opts.fp32_residual and m.dtype ~= 'f32') and true or false
     m.embed = nn.Embedding.new(store, 'model.embed_tokens', cfg.pad_token_id)
     m.layers = {}
     for i = 0, cfg.num_hidden_layers - 1 do m.layers[i + 1] = build_layer(store, cfg, i, opts) end
@@ -89,7 +95,8 @@ end
 
 -- A model with freshly initialised weights (HF's _init_weights: normal(0, initializer_range) for
 -- linear and embedding weights, the padding row zeroed, ones for norms, zeros for biases and the
--- router's correction bias). opts: seed, dtype (default f32), device, indexer_loss_coeff.
+-- router's correction bias). opts: seed, dtype (default f32), device, indexer_loss_coeff,
+-- fp32_residual (keep the residual stream in f32 when dtype is bf16/f16; see build()).
 function M.new(cfg, opts)
     opts = opts or {}
     local rng = core.rng_new(opts.seed or 0):split('init')
@@ -228,13 +235,17 @@ end
 
 -- ---- forward / backward -----------------------------------------------------------------------
 
+-- the f32 residual stream's view of a sub-block: its input in the compute dtype, its output in f32
+local function to_compute(self, x) return self.fp32_residual and x:to(self.dtype) or x end
+local function to_residual(self, y) return self.fp32_residual and y:float() or y end
+
 local function layer_forward(self, L, x, b, prev_topk, replay)
-    local xn, s_in = L.input_norm:forward(x)
+    local xn, s_in = L.input_norm:forward(to_compute(self, x))
     self:_emit(L.name .. '.self_attn', 'input', xn)
     local a, s_attn, topk = L.attn:forward(xn, b, prev_topk)
     self:_emit(L.name .. '.self_attn', 'output', a)
-    local h = ops.add(x, a)
-    local hn, s_post = L.post_norm:forward(h)
+    local h = ops.add(x, to_residual(self, a))
+    local hn, s_post = L.post_norm:forward(to_compute(self, h))
     self:_emit(L.name .. '.mlp', 'input', hn)
     local m, s_mlp, routing
     if L.mlp_type == 'dense' then
@@ -243,18 +254,19 @@ local function layer_forward(self, L, x, b, prev_topk, replay)
         m, s_mlp, routing = L.mlp:forward(hn, {replay_idx = replay})
     end
     self:_emit(L.name .. '.mlp', 'output', m)
-    local out = ops.add(h, m)   -- h is saved by post_norm: no in-place add
+    local out = ops.add(h, to_residual(self, m))   -- h is saved by post_norm: no in-place add
     self:_emit(L.name, 'output', out)
     return out, {s_in = s_in, s_attn = s_attn, s_post = s_post, s_mlp = s_mlp}, topk, routing
 end
 
--- gradient of the layer output -> gradient of its input
-local function layer_backward(L, dout, s)
-    local dh = L.mlp:backward(dout, s.s_mlp)
-    dh = L.post_norm:backward(dh, s.s_post)
+-- gradient of the layer output -> gradient of its input (in the residual stream's dtype; the
+-- casts of the forward pass are casts of the gradient here)
+local function layer_backward(self, L, dout, s)
+    local dh = L.mlp:backward(to_compute(self, dout), s.s_mlp)
+    dh = to_residual(self, L.post_norm:backward(dh, s.s_post))
     dh = ops.add_(dh, dout)
-    local dx, ixloss = L.attn:backward(dh, s.s_attn)
-    dx = L.input_norm:backward(dx, s.s_in)
+    local dx, ixloss = L.attn:backward(to_compute(self, dh), s.s_attn)
+    dx = to_residual(self, L.input_norm:backward(dx, s.s_in))
     return ops.add_(dx, dh), ixloss
 end
 
@@ -271,6 +283,7 @@ function Model:forward(batch, opts)
     local b = self:prepare(batch)
     local x, s_emb = self.embed:forward(b.ids)
     self:_emit('model.embed_tokens', 'output', x)
+    x = to_residual(self, x)
     local saved = {emb = s_emb, layers = {}}
     local routing, topks = {}, {}
     local prev_topk
@@ -283,7 +296,7 @@ function Model:forward(batch, opts)
         if r then routing[i - 1] = r end
     end
     local hidden = x
-    local xf, s_norm = self.norm:forward(x)
+    local xf, s_norm = self.norm:forward(to_compute(self, x))
     self:_emit('model.norm', 'output', xf)
     local logits, s_head = self.lm_head:forward(xf)
     self:_emit('lm_head', 'output', logits)
@@ -326,8 +339,8 @@ function Model:_mtp_forward(batch, b, hidden, saved)
     cat:narrow(2, 1, H):copy_(en)
     cat:narrow(2, H + 1, H):copy_(hn)
     local z, s_eh = d.eh_proj:forward(cat)
-    local zl, s_layer = layer_forward(self, d.layer, z, b, nil, nil)
-    local zn, s_head_norm = d.head_norm:forward(zl)
+    local zl, s_layer = layer_forward(self, d.layer, to_residual(self, z), b, nil, nil)
+    local zn, s_head_norm = d.head_norm:forward(to_compute(self, zl))
     local logits, s_head = self.lm_head:forward(zn)
     local tg = self:targets(batch, b, 2)
     local loss, _, lse = ops.cross_entropy(logits, tg)
@@ -357,22 +370,22 @@ function Model:backward(opts)
         local d = self.mtp[1]
         local dl = ce_backward(s.ce, opts.mtp_scale)
         local dz = self.lm_head:backward(dl, s.s_head)
-        dz = d.head_norm:backward(dz, s.s_head_norm)
-        dz = layer_backward(d.layer, dz, s.s_layer)
-        local dcat = d.eh_proj:backward(dz, s.s_eh)
+        dz = to_residual(self, d.head_norm:backward(dz, s.s_head_norm))
+        dz = layer_backward(self, d.layer, dz, s.s_layer)
+        local dcat = d.eh_proj:backward(to_compute(self, dz), s.s_eh)
         local H = s.H
         local de = d.enorm:backward(dcat:narrow(2, 1, H):contiguous(), s.s_en)
         self.embed:backward(de, s.s_e)
         ops.add_(dx, d.hnorm:backward(dcat:narrow(2, H + 1, H):contiguous(), s.s_hn))
     end
-    dx = self.norm:backward(dx, saved.norm)
+    dx = to_residual(self, self.norm:backward(dx, saved.norm))
     local ixloss = 0
     for i = #self.layers, 1, -1 do
         local l
-        dx, l = layer_backward(self.layers[i], dx, saved.layers[i])
+        dx, l = layer_backward(self, self.layers[i], dx, saved.layers[i])
         ixloss = ixloss + (l or 0)
     end
-    self.embed:backward(dx, saved.emb)
+    self.embed:backward(to_compute(self, dx), saved.emb)
     self.saved = nil
     return ixloss
 end

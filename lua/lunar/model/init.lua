@@ -30,7 +30,8 @@ local function cfg_of(c)
     return config.from_table(c, 'config table')
 end
 
--- lunar.model.new(config, {seed=, dtype=, device=, indexer_loss_coeff=}) -> a model with fresh weights
+-- lunar.model.new(config, {seed=, dtype=, device=, indexer_loss_coeff=, fp32_residual=}) -> a model
+-- with fresh weights
 function M.new(c, opts)
     if type(opts) == 'number' then opts = {seed = opts} end
     return glm.new(cfg_of(c), opts or {})
@@ -47,7 +48,9 @@ end
 
 -- lunar.model.load(dir, opts) -> model
 --   opts: dtype (compute dtype of the parameters, default f32), device, indexer_loss_coeff,
---   strict (default true: tensors the model does not know are an error).
+--   fp32_residual (bf16/f16: keep the residual stream between sub-blocks in f32; default off,
+--   which is transformers' numerics), strict (default true: tensors the model does not know are
+--   an error).
 function M.load(dir, opts)
     opts = opts or {}
     local cfg = cfg_of(dir)

@@ -75,7 +75,8 @@ end
 
 local function build_model(cfg, resume_model_dir)
     local mc = cfg.model
-    local opts = {dtype = mc.dtype, device = mc.device, seed = mc.seed, indexer_loss_coeff = mc.indexer_loss_coeff}
+    local opts = {dtype = mc.dtype, device = mc.device, seed = mc.seed, indexer_loss_coeff = mc.indexer_loss_coeff,
+                  fp32_residual = mc.fp32_residual}
     if resume_model_dir and not cfg.peft then
         return lunar.model.load(resume_model_dir, opts)
     end
