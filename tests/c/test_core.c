@@ -170,6 +170,35 @@ static void test_rng(lunar_ctx *ctx) {
     lunar_tensor_release(ctx, &b);
 }
 
+/* hd.h's log and cos (the Box-Muller of normal(), built from single IEEE operations so host and
+ * device agree bit for bit) against libm: within 2 ulp-sized errors over their whole range. */
+static void test_hd_math(void) {
+    lunar_rng r;
+    lunar_rng_seed(&r, 3);
+    double worst_log = 0, worst_cos = 0;
+    for (uint64_t i = 0; i < 200000; i++) {
+        uint32_t w[4];
+        lunar_philox_element(r.key, i, w);
+        double u = lunar_rng_u01(w[0], w[1]);          /* [0, 1): the argument range normal() uses */
+        double x = 1.0 - u;                             /* (0, 1] */
+        if (i % 4 == 1) x = ldexp(x, (int)(w[2] % 2000) - 1000);   /* and far outside it */
+        double got = lunar_hd_log(x), want = log(x);
+        double e = fabs(got - want) / fmax(fabs(want), 1e-300);
+        if (want != 0 && e > worst_log) worst_log = e;
+        CHECK(want != 0 || got == 0, "log(1) = %g", got);
+        double c = lunar_hd_cos_2pi(u), cw = cos(6.283185307179586 * u);
+        /* absolute: near the zeros libm's own argument 2 pi u carries an error of ~1e-16 */
+        if (fabs(c - cw) > worst_cos) worst_cos = fabs(c - cw);
+    }
+    CHECK(worst_log < 4.5e-16, "log relative error %.3g", worst_log);
+    CHECK(worst_cos < 1e-15, "cos(2 pi u) absolute error %.3g", worst_cos);
+    /* the folds: exact values at the octant boundaries */
+    CHECK(lunar_hd_cos_2pi(0.0) == 1.0 && lunar_hd_cos_2pi(0.5) == -1.0, "cos at 0 and 1/2");
+    CHECK(fabs(lunar_hd_cos_2pi(0.25)) < 1e-300 && fabs(lunar_hd_cos_2pi(0.75)) < 1e-300, "cos at 1/4, 3/4");
+    CHECK(fabs(lunar_hd_cos_2pi(0.125) - sqrt(0.5)) < 2e-16, "cos at 1/8: %.17g", lunar_hd_cos_2pi(0.125));
+    CHECK(lunar_hd_log(1.0) == 0 && fabs(lunar_hd_log(2.0) - log(2.0)) < 2e-16, "log(1), log(2)");
+}
+
 /* Sizes whose element or byte count overflows int64 (or size_t) are shape errors, never a tiny
  * allocation that views and kernels would then index past; views cannot create them either. */
 static void test_size_limits(lunar_ctx *ctx) {
@@ -264,6 +293,7 @@ int main(void) {
     test_pool_and_scope(ctx);
     test_dtypes();
     test_rng(ctx);
+    test_hd_math();
     test_size_limits(ctx);
     lunar_ctx_free(ctx);
     if (failures) {

@@ -6,9 +6,8 @@
  * from the parent key and a stream id (e.g. one stream per purpose: init, dropout, data order,
  * sampling), without advancing the parent.
  *
- * uniform and randint are bit-identical across devices; normal uses Box-Muller in f64 and can
- * differ from the CPU in the last bit of an f64 libm result, which almost never survives the
- * rounding to f32.
+ * uniform, randint and normal are bit-identical across devices: normal is Box-Muller in f64 with
+ * the log and cos of hd.h (IEEE operations only, none fused), not libm's.
  */
 #ifndef LUNAR_RNG_H
 #define LUNAR_RNG_H
@@ -67,7 +66,9 @@ LUNAR_HD double lunar_rng_uniform_value(const uint32_t w[4], double lo, double h
 LUNAR_HD double lunar_rng_normal_value(const uint32_t w[4], double mean, double std) {
     double u1 = 1.0 - lunar_rng_u01(w[0], w[1]);   /* (0, 1] so the log is finite */
     double u2 = lunar_rng_u01(w[2], w[3]);
-    return mean + std * (sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+    /* Box-Muller from hd.h's log and cos: libm's differ between host and device in the last bit */
+    double radius = lunar_hd_sqrt(-2.0 * lunar_hd_log(u1));
+    return lunar_hd_mul_add(std, lunar_hd_mul(radius, lunar_hd_cos_2pi(u2)), mean);
 }
 LUNAR_HD int64_t lunar_rng_randint_value(const uint32_t w[4], int64_t lo, int64_t hi) {
     uint64_t r = ((uint64_t)w[0] << 32) | w[1], range = (uint64_t)(hi - lo);
