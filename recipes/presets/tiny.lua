@@ -2,7 +2,10 @@
 -- indexer that really drops keys at seq 512, IndexShare, a dense first layer, MoE layers with
 -- group-limited routing and a shared expert, an MTP layer carried along) that trains on one CPU
 -- in minutes, with a byte-level BPE tokenizer in GLM's format (GLM's pre-tokenizer regex and
--- GLM-5's special tokens, 6,256 merges-based tokens + 36 added) and the shipped data.
+-- GLM-5's special tokens, 6,256 merges-based tokens + 36 added) and the shipped data. Its
+-- tokenizer_config.json carries GLM-4.7/GLM-5's chat template (../shared/data/tokenizer/), so a
+-- model exported from a run loads in transformers with AutoTokenizer and apply_chat_template
+-- (checked: the same text as lunar.chat.render).
 local config = {
     architectures = {'GlmMoeDsaForCausalLM'}, model_type = 'glm_moe_dsa',
     vocab_size = 6400,                 -- 6,292 tokens, padded like GLM-5's 154,880
