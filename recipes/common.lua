@@ -14,7 +14,11 @@ local M = {}
 -- the repository root (recipes/..), for the paths presets use
 local here = debug.getinfo(1, 'S').source:match('^@(.*/)') or './'
 -- (run from inside recipes/, `here` is './': the root is then its parent)
-if here == 'recipes/' or here:match('/recipes/$') then M.root = here:gsub('recipes/$', '') else M.root = here .. '../' end
+if here == 'recipes/' or here:match('/recipes/$') then
+    M.root = here:gsub('recipes/$', '')
+else
+    M.root = here .. '../'
+end
 if M.root == '' then M.root = './' end
 
 -- p with ${VAR} replaced by the environment's value (an unset variable is an error when the

@@ -1,14 +1,9 @@
 /* indexed.c: Megatron-LM indexed datasets (.bin/.idx): mmap reader with validation and token
  * views, streaming writer (see lunar/indexed.h for the contract). */
-#include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "io.h"
 #include "lunar/indexed.h"

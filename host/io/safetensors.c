@@ -1,13 +1,8 @@
 /* safetensors.c: the safetensors reader (mmap, validation, zero-copy views) and writer (see
  * lunar/safetensors.h for the contract). Sharded checkpoints are in checkpoint.c. */
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "io.h"
 #include "lunar/ops.h"

@@ -52,6 +52,13 @@ LUNAR_HD double lunar_hd_sqrt(double a) {
 #endif
 }
 
+/* c[0] + c[1] x + ... + c[n-1] x^(n-1) by Horner's rule, one rounding per operation */
+LUNAR_HD double lunar_hd_poly(const double *c, int n, double x) {
+    double p = c[n - 1];
+    for (int k = n - 2; k >= 0; k--) p = lunar_hd_mul_add(p, x, c[k]);
+    return p;
+}
+
 /* log(x) for finite x > 0, and cos(2 pi u) for u in [0, 1), from the operations above only, so
  * the host and the device get the same bits (libm's log and cos differ between them in the last
  * place). Accurate to a few ulp of f64. */
@@ -69,9 +76,7 @@ LUNAR_HD double lunar_hd_log(double x) {
                                 0.09090909090909091, 0.07692307692307693, 0.06666666666666667,
                                 0.058823529411764705, 0.05263157894736842, 0.047619047619047616,
                                 0.043478260869565216};   /* 1/3, 1/5, ..., 1/23 */
-    double p = inv_odd[10];
-    for (int k = 9; k >= 0; k--) p = lunar_hd_mul_add(p, s2, inv_odd[k]);
-    double log_m = lunar_hd_mul_add(lunar_hd_mul(2.0 * s, s2), p, 2.0 * s);
+    double log_m = lunar_hd_mul_add(lunar_hd_mul(2.0 * s, s2), lunar_hd_poly(inv_odd, 11, s2), 2.0 * s);
     /* ln 2 split (fdlibm's): ln2_hi ends in 21 zero bits, so e * ln2_hi is exact for any exponent */
     const double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
     return lunar_hd_add(lunar_hd_mul((double)e, ln2_hi), lunar_hd_mul_add((double)e, ln2_lo, log_m));
@@ -98,16 +103,12 @@ LUNAR_HD double lunar_hd_cos_2pi(double u) {
                               2.7557319223985893e-06, -2.505210838544172e-08, 1.6059043836821613e-10,
                               -7.647163731819816e-13, 2.8114572543455206e-15, -8.22063524662433e-18,
                               1.9572941063391263e-20};
-        double p = c[10];
-        for (int k = 9; k >= 0; k--) p = lunar_hd_mul_add(p, x2, c[k]);
-        r = lunar_hd_mul(x, p);
+        r = lunar_hd_mul(x, lunar_hd_poly(c, 11, x2));
     } else {          /* 1 - x^2/2! + ... + x^20/20!: Horner in x^2 over 1/(2k)! */
         const double c[11] = {1.0, -0.5, 0.041666666666666664, -0.001388888888888889, 2.48015873015873e-05,
                               -2.755731922398589e-07, 2.08767569878681e-09, -1.1470745597729725e-11,
                               4.779477332387385e-14, -1.5619206968586225e-16, 4.110317623312165e-19};
-        double p = c[10];
-        for (int k = 9; k >= 0; k--) p = lunar_hd_mul_add(p, x2, c[k]);
-        r = p;
+        r = lunar_hd_poly(c, 11, x2);
     }
     return sign * r;
 }

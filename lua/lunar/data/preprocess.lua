@@ -2,7 +2,8 @@
 -- tools/preprocess_data.py does); the command line is recipes/tools/preprocess.lua.
 --
 --   local res = data.preprocess{input = 'a.txt' | {...} | 'dir/', output_prefix = 'out/shakespeare',
---       tokenizer = 'bytes' | '<tokenizer.json>' | <tokenizer object>, format = 'text' | 'jsonl' (default: jsonl when every input ends in .jsonl/.json),
+--       tokenizer = 'bytes' | '<tokenizer.json>' | <tokenizer object>,
+--       format = 'text' | 'jsonl' (default: jsonl when every input ends in .jsonl / .json),
 --       field = 'text', split = 'blank' | 'file' | 'line', append_eod = true, dtype = 'auto',
 --       limit = nil, quiet = false}
 --   -> {prefix = '<output_prefix>_<field>_document', documents =, tokens =, dtype =, report =,

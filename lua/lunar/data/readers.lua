@@ -8,7 +8,8 @@
 --     Rejected: invalid_json, not_object, missing_field (no messages, a message without role or
 --     content), wrong_type (messages not an array, a message not an object, role or content not a
 --     string, tools not an array), empty_conversation (messages = []), bad_role (a role not in
---     `roles`, default the ones the GLM templates render: system/user/assistant/tool), no_assistant (no assistant turn to train on, when
+--     `roles`, default the ones the GLM templates render: system/user/assistant/tool),
+--     no_assistant (no assistant turn to train on, when
 --     require_assistant). An assistant message may have a null or missing content when it has
 --     tool_calls.
 --   local rows, rep = data.read_prompt_answer(paths, {prompt = 'question', answer = 'answer',

@@ -73,23 +73,21 @@ function Report:reasons()
     return r
 end
 
+-- counts and examples of another report added to ours (examples up to `show` per key)
+local function merge_counts(self, counts, examples, o_counts, o_examples)
+    for key, n in pairs(o_counts) do
+        counts[key] = (counts[key] or 0) + n
+        local ex = examples[key] or {}
+        examples[key] = ex
+        for _, e in ipairs(o_examples[key] or {}) do
+            if #ex < self.show then ex[#ex + 1] = e end
+        end
+    end
+end
+
 function Report:merge(other)
-    for _, reason in ipairs(other:reasons()) do
-        for _, e in ipairs(other:where(reason)) do
-            local ex = self.examples[reason] or {}
-            self.examples[reason] = ex
-            if #ex < self.show then ex[#ex + 1] = e end
-        end
-        self.counts[reason] = (self.counts[reason] or 0) + other.counts[reason]
-    end
-    for what, n in pairs(other.notes or {}) do
-        self.notes[what] = (self.notes[what] or 0) + n
-        local ex = self.noted[what] or {}
-        self.noted[what] = ex
-        for _, e in ipairs(other.noted[what] or {}) do
-            if #ex < self.show then ex[#ex + 1] = e end
-        end
-    end
+    merge_counts(self, self.counts, self.examples, other.counts, other.examples)
+    merge_counts(self, self.notes, self.noted, other.notes, other.noted)
     self.n_bad = self.n_bad + other.n_bad
     self.n_good = self.n_good + other.n_good
     return self

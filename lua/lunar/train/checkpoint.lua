@@ -485,7 +485,8 @@ function Manager:prune(saved_step)
             self.warned = self.warned or {}
             if c.complete and not self.quiet and not self.warned[c.dir] then
                 self.warned[c.dir] = true
-                report(('%s has a later step than the save just written (%d); left in place, but resume=auto would choose it'):format(c.dir, saved_step))
+                report(('%s has a later step than the save just written (%d); left in place, but '
+                    .. 'resume=auto would choose it'):format(c.dir, saved_step))
             end
         elseif c.complete and M.check(c.dir, {checksums = false}) then
             kept = kept + 1

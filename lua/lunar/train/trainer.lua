@@ -88,22 +88,20 @@ end
 -- HF tokenizer files that travel with an exported model, so AutoTokenizer loads from its folder
 local TOKENIZER_FILES = {'tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'chat_template.jinja'}
 
--- copies the run's tokenizer (cfg.tokenizer: a tokenizer.json, or a folder holding one) and the
--- files beside it into dir
+-- copies the run's tokenizer into dir: cfg.tokenizer (a tokenizer.json, written under that name,
+-- or a folder holding one) and the companion files found beside it
 local function copy_tokenizer(cfg, dir)
     local src = cfg.tokenizer
     local st = src and fs.stat(src)
     if not st then return end
     local from = st.type == 'dir' and src or (src:match('^(.*)/[^/]*$') or '.')
-    local names = {}
-    for _, name in ipairs(TOKENIZER_FILES) do names[#names + 1] = name end
-    if st.type ~= 'dir' then names[1] = src:match('([^/]*)$') end
-    for i, name in ipairs(names) do
-        local f = io.open(from .. '/' .. name, 'rb')
+    for _, name in ipairs(TOKENIZER_FILES) do
+        local path = (name == 'tokenizer.json' and st.type ~= 'dir') and src or (from .. '/' .. name)
+        local f = io.open(path, 'rb')
         if f then
             local bytes = f:read('*a')
             f:close()
-            lunar.io.write_file(dir .. '/' .. TOKENIZER_FILES[i], bytes)
+            lunar.io.write_file(dir .. '/' .. name, bytes)
         end
     end
 end
@@ -218,7 +216,8 @@ function M.run(cfg)
         warmup_steps = cfg.metrics.warmup_steps, flops_per_token = flops.training_per_token(model.cfg, seq),
         peak_flops = cfg.metrics.peak_flops, progress = (not cfg.quiet) and cfg.metrics.progress, log_every = cfg.train.log_every,
         -- skipped and NaN steps count over the whole run, resumes included
-        counts = st and st.metrics and {skipped_steps = st.metrics.skipped_steps, nan_steps = st.metrics.nan_steps} or nil,
+        counts = st and st.metrics
+            and {skipped_steps = st.metrics.skipped_steps, nan_steps = st.metrics.nan_steps} or nil,
         -- on a device, the peak of lunar's pool there (the process's resident memory says nothing about it)
         memory = model:device() ~= 'cpu' and model:device() or nil,
         tensorboard = cfg.metrics.tensorboard == false and false or nil}
@@ -253,6 +252,7 @@ function M.run(cfg)
         m:log(step, {loss = loss_sum, grad_norm = info.grad_norm, lr = info.lr, tokens = tokens,
             skipped = info.skipped, time = lunar.clock() - t0})
         if cm:due(step, step == cfg.train.steps) then
+            local counts = m:counts()
             cm:save(step, {
                 save_model = function(dir)
                     -- the checkpoint keeps the real dropout (PEFT's own files may say 0, see peft.save)
@@ -260,7 +260,7 @@ function M.run(cfg)
                     else model:save_hf(dir, {keep_dtype = true}) end
                 end,
                 optimizer = opt:state_dict(), data = loader:state(),
-                metrics = {loss = loss_sum, skipped_steps = m:counts().skipped_steps, nan_steps = m:counts().nan_steps},
+                metrics = {loss = loss_sum, skipped_steps = counts.skipped_steps, nan_steps = counts.nan_steps},
                 extra = adapters and {lora_rng = adapters:rng_state()} or nil})
         end
         if cfg.stop_after and step >= cfg.stop_after then
