@@ -21,12 +21,19 @@ static double lanes_total(const double *acc) {
     return s;
 }
 
+/* m[k] = max(m[k], x[k]) for the 16 lanes: a loop of its own over restrict pointers, kept a loop
+ * (-O3 unrolls it fully first, and the 16 scalar maxes are then never vectorised), which GCC
+ * turns into vmaxps */
+static inline void max16(float *restrict m, const float *restrict x) {
+#pragma GCC unroll 1
+    for (int k = 0; k < LANES; k++) m[k] = x[k] > m[k] ? x[k] : m[k];
+}
+
 LUNAR_CPU_VECTOR static float row_max(const float *x, int64_t v) {
     float m[LANES];
     for (int k = 0; k < LANES; k++) m[k] = -INFINITY;
     int64_t j = 0;
-    for (; j + LANES <= v; j += LANES)
-        for (int k = 0; k < LANES; k++) m[k] = x[j + k] > m[k] ? x[j + k] : m[k];
+    for (; j + LANES <= v; j += LANES) max16(m, x + j);
     for (; j < v; j++) m[0] = x[j] > m[0] ? x[j] : m[0];
     float r = m[0];
     for (int k = 1; k < LANES; k++) r = m[k] > r ? m[k] : r;
@@ -51,18 +58,35 @@ LUNAR_CPU_VECTOR static double row_sumexp(const float *x, int64_t v, float m) {
     return lanes_total(acc);
 }
 
+/* y[k] = exp(x[k] - m) and b[k] += y[k] for the 16 lanes, as max16; restrict, so y is not x
+ * here: an in-place softmax takes exp_inplace16 */
+static inline void exp_store16(float *restrict y, float *restrict b, const float *restrict x, float m) {
+#pragma GCC unroll 1
+    for (int k = 0; k < LANES; k++) {
+        y[k] = lunar_expf_upto88(x[k] - m);
+        b[k] += y[k];
+    }
+}
+
+/* y[k] = exp(y[k] - m) and b[k] += y[k] */
+static inline void exp_inplace16(float *restrict y, float *restrict b, float m) {
+#pragma GCC unroll 1
+    for (int k = 0; k < LANES; k++) {
+        y[k] = lunar_expf_upto88(y[k] - m);
+        b[k] += y[k];
+    }
+}
+
 /* y[j] = exp(x[j] - m), returns the sum */
 LUNAR_CPU_VECTOR static double row_exp_store(float *y, const float *x, int64_t v, float m) {
     double acc[LANES] = {0};
     int64_t j = 0;
     for (; j + BLOCK <= v; j += BLOCK) {
         float b[LANES] = {0};
-        for (int64_t i = 0; i < BLOCK; i += LANES)
-            for (int k = 0; k < LANES; k++) {
-                float e = lunar_expf_upto88(x[j + i + k] - m);
-                y[j + i + k] = e;
-                b[k] += e;
-            }
+        if (y == x)
+            for (int64_t i = 0; i < BLOCK; i += LANES) exp_inplace16(y + j + i, b, m);
+        else
+            for (int64_t i = 0; i < BLOCK; i += LANES) exp_store16(y + j + i, b, x + j + i, m);
         for (int k = 0; k < LANES; k++) acc[k] += b[k];
     }
     for (; j < v; j++) {
