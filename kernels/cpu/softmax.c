@@ -1,7 +1,8 @@
 /* softmax.c: softmax, log-softmax and fused cross-entropy over the last dim on the CPU.
  *
  * Rows are independent (one OpenMP iteration each). Every row subtracts its max before
- * exponentiating. The exponential is lunar_expf_upto88 (vecmath.h), which vectorises; sums run
+ * exponentiating. The exponential is lunar_expf_upto88 (vecmath.h), which vectorises, and the row
+ * functions have an AVX-512 clone as well as the AVX2 one (LUNAR_CPU_VECTOR_WIDE); sums run
  * in 16 lanes (f32 within blocks of 256 elements, f64 across blocks) combined in a fixed order,
  * so a row's result does not depend on the thread count. Each element of the input is read
  * before the output at the same position is written, so the output may alias the input.
@@ -29,7 +30,7 @@ static inline void max16(float *restrict m, const float *restrict x) {
     for (int k = 0; k < LANES; k++) m[k] = x[k] > m[k] ? x[k] : m[k];
 }
 
-LUNAR_CPU_VECTOR static float row_max(const float *x, int64_t v) {
+LUNAR_CPU_VECTOR_WIDE static float row_max(const float *x, int64_t v) {
     float m[LANES];
     for (int k = 0; k < LANES; k++) m[k] = -INFINITY;
     int64_t j = 0;
@@ -45,7 +46,7 @@ LUNAR_CPU_VECTOR static float row_max(const float *x, int64_t v) {
 #define BLOCK 256
 
 /* sum_j exp(x[j] - m) */
-LUNAR_CPU_VECTOR static double row_sumexp(const float *x, int64_t v, float m) {
+LUNAR_CPU_VECTOR_WIDE static double row_sumexp(const float *x, int64_t v, float m) {
     double acc[LANES] = {0};
     int64_t j = 0;
     for (; j + BLOCK <= v; j += BLOCK) {
@@ -78,7 +79,7 @@ static inline void exp_inplace16(float *restrict y, float *restrict b, float m) 
 }
 
 /* y[j] = exp(x[j] - m), returns the sum */
-LUNAR_CPU_VECTOR static double row_exp_store(float *y, const float *x, int64_t v, float m) {
+LUNAR_CPU_VECTOR_WIDE static double row_exp_store(float *y, const float *x, int64_t v, float m) {
     double acc[LANES] = {0};
     int64_t j = 0;
     for (; j + BLOCK <= v; j += BLOCK) {
@@ -97,17 +98,17 @@ LUNAR_CPU_VECTOR static double row_exp_store(float *y, const float *x, int64_t v
     return lanes_total(acc);
 }
 
-LUNAR_CPU_VECTOR static void row_scale(float *y, int64_t v, float s) {
+LUNAR_CPU_VECTOR_WIDE static void row_scale(float *y, int64_t v, float s) {
     for (int64_t j = 0; j < v; j++) y[j] *= s;
 }
 
 /* y[j] = (x[j] - m) - ls */
-LUNAR_CPU_VECTOR static void row_shift(float *y, const float *x, int64_t v, float m, float ls) {
+LUNAR_CPU_VECTOR_WIDE static void row_shift(float *y, const float *x, int64_t v, float m, float ls) {
     for (int64_t j = 0; j < v; j++) y[j] = (x[j] - m) - ls;
 }
 
 /* sum_j a[j] * b[j] (b == NULL: sum_j a[j]) */
-LUNAR_CPU_VECTOR static double row_dot(const float *a, const float *b, int64_t v) {
+LUNAR_CPU_VECTOR_WIDE static double row_dot(const float *a, const float *b, int64_t v) {
     double acc[LANES] = {0};
     int64_t j = 0;
     for (; j + BLOCK <= v; j += BLOCK) {
@@ -126,17 +127,17 @@ LUNAR_CPU_VECTOR static double row_dot(const float *a, const float *b, int64_t v
 }
 
 /* d[j] = g[j] - exp(y[j]) * s */
-LUNAR_CPU_VECTOR static void row_log_softmax_grad(float *d, const float *g, const float *y, int64_t v, float s) {
+LUNAR_CPU_VECTOR_WIDE static void row_log_softmax_grad(float *d, const float *g, const float *y, int64_t v, float s) {
     for (int64_t j = 0; j < v; j++) d[j] = g[j] - lunar_expf_upto88(y[j]) * s;
 }
 
 /* d[j] = y[j] * (g[j] - s) */
-LUNAR_CPU_VECTOR static void row_softmax_grad(float *d, const float *g, const float *y, int64_t v, float s) {
+LUNAR_CPU_VECTOR_WIDE static void row_softmax_grad(float *d, const float *g, const float *y, int64_t v, float s) {
     for (int64_t j = 0; j < v; j++) d[j] = y[j] * (g[j] - s);
 }
 
 /* d[j] = g * exp(x[j] - l) */
-LUNAR_CPU_VECTOR static void row_ce_grad(float *d, const float *x, int64_t v, float g, float l) {
+LUNAR_CPU_VECTOR_WIDE static void row_ce_grad(float *d, const float *x, int64_t v, float g, float l) {
     for (int64_t j = 0; j < v; j++) d[j] = g * lunar_expf_upto88(x[j] - l);
 }
 

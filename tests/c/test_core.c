@@ -1,5 +1,6 @@
 /* test_core.c: the C core without Lua: views, arenas (stale detection), pool reuse, scopes,
- * dtype conversions at their edges, RNG determinism and splitting, copy with broadcasting. */
+ * dtype conversions at their edges, RNG determinism and splitting, copy with broadcasting, and
+ * the CPU kernels' vectorised exponential. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +9,7 @@
 #include "lunar/ops.h"
 #include "lunar/rng.h"
 #include "lunar/tensor.h"
+#include "cpu/vecmath.h"
 
 static int failures = 0;
 #define CHECK(cond, ...)                                                   \
@@ -199,6 +201,52 @@ static void test_hd_math(void) {
     CHECK(lunar_hd_log(1.0) == 0 && fabs(lunar_hd_log(2.0) - log(2.0)) < 2e-16, "log(1), log(2)");
 }
 
+/* the exponential as the kernels run it: a loop in a function cloned per instruction set, so
+ * the clone this CPU picks (AVX-512, AVX2 + FMA or the baseline) is the one checked */
+LUNAR_CPU_VECTOR_WIDE static void exp_array(float *y, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] = lunar_expf_upto88(x[i]);
+}
+
+/* lunar_expf_upto88 over its domain x <= 88: within 2 x 2^-23 of e^x wherever e^x is a normal
+ * float, below the smallest normal float elsewhere, exactly 0 for -inf and far below, exactly 1
+ * at 0, NaN for NaN */
+static void test_vec_exp(void) {
+    enum { BATCH = 4096 };
+    static float xs[BATCH], ys[BATCH];
+    double worst = 0;
+    float worst_x = 0;
+    int n = 0;
+    int64_t checked = 0;
+    for (uint64_t u = 0; u <= 0xffffffffu; u += 4099) {
+        float f;
+        uint32_t w = (uint32_t)u;
+        memcpy(&f, &w, 4);
+        if (f >= -90.0f && f <= 88.0f) xs[n++] = f;
+        if (n < BATCH && u + 4099 <= 0xffffffffu) continue;
+        exp_array(ys, xs, n);
+        for (int i = 0; i < n; i++) {
+            double want = exp((double)xs[i]);
+            if (want >= 1.1754943508222875e-38) {
+                double e = fabs(ys[i] - want) / want;
+                if (e > worst) { worst = e; worst_x = xs[i]; }
+            } else {
+                CHECK(ys[i] >= 0 && ys[i] < 1.1754943508222875e-38f, "exp(%.9g) = %g, want %g", xs[i], ys[i], want);
+            }
+        }
+        checked += n;
+        n = 0;
+    }
+    CHECK(checked > 500000, "only %lld inputs checked", (long long)checked);
+    CHECK(worst <= 2.0 * 0x1p-23, "exp relative error %.3g (%.2f x 2^-23) at x = %.9g", worst, worst * 0x1p23, worst_x);
+    float special[6] = {0.0f, -INFINITY, -88.1f, -1000.0f, NAN, -87.0f}, out[6];
+    exp_array(out, special, 6);
+    CHECK(out[0] == 1.0f, "exp(0) = %.9g", out[0]);
+    CHECK(out[1] == 0.0f && out[2] == 0.0f && out[3] == 0.0f, "exp(-inf, -88.1, -1000) = %g %g %g", out[1], out[2],
+          out[3]);
+    CHECK(isnan(out[4]), "exp(NaN) = %g", out[4]);
+    CHECK(out[5] > 0 && fabs(out[5] - exp(-87.0)) < 2.0 * 0x1p-23 * exp(-87.0), "exp(-87) = %g", out[5]);
+}
+
 /* Sizes whose element or byte count overflows int64 (or size_t) are shape errors, never a tiny
  * allocation that views and kernels would then index past; views cannot create them either. */
 static void test_size_limits(lunar_ctx *ctx) {
@@ -294,6 +342,7 @@ int main(void) {
     test_dtypes();
     test_rng(ctx);
     test_hd_math();
+    test_vec_exp();
     test_size_limits(ctx);
     lunar_ctx_free(ctx);
     if (failures) {
