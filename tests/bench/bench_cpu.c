@@ -9,8 +9,9 @@
  *
  * Not a test: it prints numbers. Run: ./build/tests/bench/bench_cpu [--quick | --memory]
  * (--quick: the smaller shapes only; --memory: the memory kernels only, at full size)
- * Each measurement is the median of several repetitions after a warm-up (first touch of memory
- * is slow on the development VM), lunar and the reference alternating so drift hits both.
+ * Every ratio is a median over repetitions (after a warm-up: first touch of memory is slow on the
+ * development VM) of pairs measured back to back, lunar's kernel and its reference, so that the
+ * drift of a shared machine hits both sides of a pair alike.
  */
 #include <cblas.h>
 #include <math.h>
@@ -54,7 +55,9 @@ static void make(lunar_ctx *ctx, lunar_tensor *t, int64_t r, int64_t c, lunar_rn
     check(ctx, lunar_rng_normal(ctx, t, rng, 0, 1), "randn");
 }
 
-/* one GEMM case: C (M, N) = op(A) op(B); returns lunar time / direct time */
+/* one GEMM case: C (M, N) = op(A) op(B). Returns the median over the repetitions of direct time /
+ * lunar time, each repetition running both back to back (which goes first alternates), so a
+ * ratio compares two runs a few milliseconds apart on this noisy machine. */
 static double bench_gemm(lunar_ctx *ctx, const char *label, int64_t M, int64_t N, int64_t K, int ta, int tb, int reps,
                          lunar_rng *rng) {
     lunar_tensor a = {0}, b = {0}, c = {0}, at = {0}, bt = {0};
@@ -65,24 +68,31 @@ static double bench_gemm(lunar_ctx *ctx, const char *label, int64_t M, int64_t N
     check(ctx, lunar_tensor_transpose(ctx, &at, &a, 0, 1), "transpose");
     check(ctx, lunar_tensor_transpose(ctx, &bt, &b, 0, 1), "transpose");
     const lunar_tensor *la = ta ? &at : &a, *lb = tb ? &bt : &b;
-    double tl[64], td[64];
+    double tl[64], td[64], ratio[64];
     for (int r = -1; r < reps; r++) {
-        double t0 = now();
-        check(ctx, lunar_gemm(ctx, &c, la, lb, 0, 0, 1.0f, 0.0f), "lunar_gemm");
-        double t1 = now();
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K,
-                    1.0f, lunar_tensor_data(&a), (int)a.shape[1], lunar_tensor_data(&b), (int)b.shape[1], 0.0f,
-                    lunar_tensor_data(&c), (int)N);
-        double t2 = now();
-        if (r >= 0) { tl[r] = t1 - t0; td[r] = t2 - t1; }
+        double t_lunar = 0, t_direct = 0;
+        for (int turn = 0; turn < 2; turn++) {
+            int lunar_now = (turn == 0) == (r % 2 == 0);
+            double t0 = now();
+            if (lunar_now) {
+                check(ctx, lunar_gemm(ctx, &c, la, lb, 0, 0, 1.0f, 0.0f), "lunar_gemm");
+                t_lunar = now() - t0;
+            } else {
+                cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, (int)M, (int)N,
+                            (int)K, 1.0f, lunar_tensor_data(&a), (int)a.shape[1], lunar_tensor_data(&b), (int)b.shape[1],
+                            0.0f, lunar_tensor_data(&c), (int)N);
+                t_direct = now() - t0;
+            }
+        }
+        if (r >= 0) { tl[r] = t_lunar; td[r] = t_direct; ratio[r] = t_direct / t_lunar; }
     }
-    double ml = median(tl, reps), md = median(td, reps);
+    double ml = median(tl, reps), md = median(td, reps), mr = median(ratio, reps);
     double flop = 2.0 * (double)M * (double)N * (double)K;
     printf("  %-6s M=%-5lld N=%-5lld K=%-5lld  lunar %7.1f GFLOP/s  openblas %7.1f GFLOP/s  ratio %.3f\n", label,
-           (long long)M, (long long)N, (long long)K, flop / ml * 1e-9, flop / md * 1e-9, md / ml);
+           (long long)M, (long long)N, (long long)K, flop / ml * 1e-9, flop / md * 1e-9, mr);
     lunar_tensor *all[] = {&a, &b, &c, &at, &bt};
     for (int i = 0; i < 5; i++) lunar_tensor_release(ctx, all[i]);
-    return md / ml;
+    return mr;
 }
 
 /* STREAM triad a = b + s*c over n floats: the bandwidth limit, run between the kernel's
@@ -175,7 +185,8 @@ static mem_result bench_mem(lunar_ctx *ctx, mem_kernel k, int64_t rows, int64_t 
 
 /* every GLM-5 layer shape (forward, input gradient, weight gradient), and the summary line */
 static void bench_gemm_shapes(lunar_ctx *ctx, int quick, lunar_rng *rng) {
-    printf("GEMM (lunar_gemm vs cblas_sgemm, median of repetitions; ratio = openblas time / lunar time)\n");
+    printf("GEMM (lunar_gemm vs cblas_sgemm; GFLOP/s from the median times; ratio = median over the repetitions of\n"
+           "      openblas time / lunar time, the two run back to back)\n");
     int64_t Ms[] = {512, 1024, 2048, 4096}, Cs[] = {256, 512, 1024, 2048};
     double worst = 1e9, sum = 0;
     int n = 0;
@@ -184,7 +195,7 @@ static void bench_gemm_shapes(lunar_ctx *ctx, int quick, lunar_rng *rng) {
             int64_t M = Ms[i], C = Cs[j];
             if (quick && (M > 1024 || C > 1024)) continue;
             double flop = 2.0 * M * C * C;
-            int reps = flop > 8e9 ? 3 : (flop > 1e9 ? 5 : 9);
+            int reps = flop > 8e9 ? 5 : (flop > 1e9 ? 9 : 15);
             double r1 = bench_gemm(ctx, "fwd", M, C, C, 0, 1, reps, rng);   /* Y = X W^T */
             double r2 = bench_gemm(ctx, "dgrad", M, C, C, 0, 0, reps, rng); /* dX = dY W */
             double r3 = bench_gemm(ctx, "wgrad", C, C, M, 1, 0, reps, rng); /* dW = dY^T X */
