@@ -45,14 +45,23 @@ LUNAR_CPU_VECTOR_WIDE static float row_max(const float *x, int64_t v) {
  * block's lanes are added into 16 f64 lanes; the lanes are combined in a fixed order at the end. */
 #define BLOCK 256
 
+/* The exponential passes run from L1 and are bound by arithmetic, while the max pass before them
+ * waits on memory; so each exponential pass also prefetches the row the thread takes next (next:
+ * that row's start, or any readable address), one cache line per 16 elements, and the memory
+ * fetch overlaps the arithmetic. Measured on the development VM: softmax of a 32 MiB tensor went
+ * from 0.56-0.78 to 0.77-0.86 of the triad bandwidth. */
+#define PREFETCH_LINE(p) __builtin_prefetch((p), 0, 3)
+
 /* sum_j exp(x[j] - m) */
-LUNAR_CPU_VECTOR_WIDE static double row_sumexp(const float *x, int64_t v, float m) {
+LUNAR_CPU_VECTOR_WIDE static double row_sumexp(const float *x, int64_t v, float m, const float *next) {
     double acc[LANES] = {0};
     int64_t j = 0;
     for (; j + BLOCK <= v; j += BLOCK) {
         float b[LANES] = {0};
-        for (int64_t i = 0; i < BLOCK; i += LANES)
+        for (int64_t i = 0; i < BLOCK; i += LANES) {
+            PREFETCH_LINE(next + j + i);
             for (int k = 0; k < LANES; k++) b[k] += lunar_expf_upto88(x[j + i + k] - m);
+        }
         for (int k = 0; k < LANES; k++) acc[k] += b[k];
     }
     for (; j < v; j++) acc[0] += lunar_expf_upto88(x[j] - m);
@@ -79,15 +88,21 @@ static inline void exp_inplace16(float *restrict y, float *restrict b, float m) 
 }
 
 /* y[j] = exp(x[j] - m), returns the sum */
-LUNAR_CPU_VECTOR_WIDE static double row_exp_store(float *y, const float *x, int64_t v, float m) {
+LUNAR_CPU_VECTOR_WIDE static double row_exp_store(float *y, const float *x, int64_t v, float m, const float *next) {
     double acc[LANES] = {0};
     int64_t j = 0;
     for (; j + BLOCK <= v; j += BLOCK) {
         float b[LANES] = {0};
         if (y == x)
-            for (int64_t i = 0; i < BLOCK; i += LANES) exp_inplace16(y + j + i, b, m);
+            for (int64_t i = 0; i < BLOCK; i += LANES) {
+                PREFETCH_LINE(next + j + i);
+                exp_inplace16(y + j + i, b, m);
+            }
         else
-            for (int64_t i = 0; i < BLOCK; i += LANES) exp_store16(y + j + i, b, x + j + i, m);
+            for (int64_t i = 0; i < BLOCK; i += LANES) {
+                PREFETCH_LINE(next + j + i);
+                exp_store16(y + j + i, b, x + j + i, m);
+            }
         for (int k = 0; k < LANES; k++) acc[k] += b[k];
     }
     for (; j < v; j++) {
@@ -148,14 +163,14 @@ lunar_status lunar_cpu_softmax_forward(lunar_ctx *ctx, lunar_tensor *y, const lu
     float *yp = lunar_tensor_data(y);         // (rows, V)
 #pragma omp parallel for schedule(static) if (rows * v >= LUNAR_CPU_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
-        const float *xr = xp + r * v;
+        const float *xr = xp + r * v, *next = r + 1 < rows ? xr + v : xr;
         float *yr = yp + r * v;
         float m = row_max(xr, v);
         if (is_log) {
-            float ls = (float)log(row_sumexp(xr, v, m));
+            float ls = (float)log(row_sumexp(xr, v, m, next));
             row_shift(yr, xr, v, m, ls);
         } else {
-            double s = row_exp_store(yr, xr, v, m);
+            double s = row_exp_store(yr, xr, v, m, next);
             row_scale(yr, v, (float)(1.0 / s));
         }
     }
@@ -203,9 +218,9 @@ lunar_status lunar_cpu_cross_entropy_forward(lunar_ctx *ctx, lunar_tensor *loss,
     LUNAR_TRY(check_targets(ctx, "cross_entropy_forward", tp, n, v, ignore_index));
 #pragma omp parallel for schedule(static) if (n * v >= LUNAR_CPU_PAR_MIN)
     for (int64_t r = 0; r < n; r++) {
-        const float *xr = xp + r * v;
+        const float *xr = xp + r * v, *next = r + 1 < n ? xr + v : xr;
         float m = row_max(xr, v);
-        float ls = (float)log(row_sumexp(xr, v, m));
+        float ls = (float)log(row_sumexp(xr, v, m, next));
         lsep[r] = m + ls;
         if (tp[r] == ignore_index) {
             lpp[r] = 0.0f;
