@@ -33,8 +33,11 @@
 
 static inline float lunar_bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
-/* e^x for x <= 88 (what softmax-like code needs: x - max, log-probabilities), about 1.4 ulp;
- * 0 below about -87.7 (and for -inf), NaN for NaN.
+/* e^x for x <= 88 (what softmax-like code needs: x - max, log-probabilities): relative error at
+ * most 1.38 x 2^-23 with fused multiply-adds, 1.56 x 2^-23 without (measured on every float of
+ * [-88, 88] whose e^x is a normal float); 0 below about -87.7 and for -inf; NaN for NaN. Above
+ * 88 the result is not e^x (+inf from 88.38, then garbage), so callers keep the argument <= 0:
+ * x - max, or a log-probability.
  *
  * x = n ln2 + r with |r| <= ln2/2; e^r is a degree-5 polynomial fitted for least maximum
  * relative error on that interval (9.5e-8 with the float coefficients, under the 1.2e-7 of one

@@ -7,8 +7,8 @@
  *             as a fraction of STREAM triad (a = b + s*c, same threads, same array size), the
  *             bandwidth limit, run alternately with the kernel's repetitions.
  *
- * Not a test: it prints numbers. Run: ./build/tests/bench/bench_cpu [--quick | --memory]
- * (--quick: the smaller shapes only; --memory: the memory kernels only, at full size)
+ * Not a test: it prints numbers. Run: ./build/tests/bench/bench_cpu [--quick] [--memory]
+ * (--quick: the smaller shapes only; --memory: the memory kernels only)
  * Every ratio is a median over repetitions (after a warm-up: first touch of memory is slow on the
  * development VM) of pairs measured back to back, lunar's kernel and its reference, so that the
  * drift of a shared machine hits both sides of a pair alike.
@@ -195,7 +195,7 @@ static void bench_gemm_shapes(lunar_ctx *ctx, int quick, lunar_rng *rng) {
             int64_t M = Ms[i], C = Cs[j];
             if (quick && (M > 1024 || C > 1024)) continue;
             double flop = 2.0 * M * C * C;
-            int reps = flop > 8e9 ? 5 : (flop > 1e9 ? 9 : 15);
+            int reps = flop > 8e9 ? 8 : (flop > 1e9 ? 12 : 16);   /* even: each order equally often */
             double r1 = bench_gemm(ctx, "fwd", M, C, C, 0, 1, reps, rng);   /* Y = X W^T */
             double r2 = bench_gemm(ctx, "dgrad", M, C, C, 0, 0, reps, rng); /* dX = dY W */
             double r3 = bench_gemm(ctx, "wgrad", C, C, M, 1, 0, reps, rng); /* dW = dY^T X */
@@ -207,8 +207,15 @@ static void bench_gemm_shapes(lunar_ctx *ctx, int quick, lunar_rng *rng) {
 }
 
 int main(int argc, char **argv) {
-    int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
-    int memory_only = argc > 1 && strcmp(argv[1], "--memory") == 0;
+    int quick = 0, memory_only = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--quick") == 0) quick = 1;
+        else if (strcmp(argv[i], "--memory") == 0) memory_only = 1;
+        else {
+            fprintf(stderr, "bench_cpu: unknown argument '%s' (expected --quick or --memory)\n", argv[i]);
+            return 2;
+        }
+    }
     lunar_ctx *ctx;
     if (lunar_ctx_init(&ctx) != LUNAR_OK) return 1;
     int threads = lunar_ctx_threads(ctx);
@@ -220,8 +227,8 @@ int main(int argc, char **argv) {
 
     if (!memory_only) bench_gemm_shapes(ctx, quick, &rng);
 
-    /* the bandwidth limit is measured on arrays of the same size as the kernels' tensors, in the
-     * same loop as each kernel (triad, kernel, triad, kernel, ...), best of each */
+    /* the bandwidth limit is measured on arrays of the same size as the kernels' tensors, in
+     * pairs with the kernel (triad, kernel, triad, kernel, ...); see bench_mem */
     int64_t rows = quick ? 1024 : 4096, cols = 2048;
     triad tr;
     triad_init(&tr, rows * cols);

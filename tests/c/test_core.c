@@ -201,50 +201,108 @@ static void test_hd_math(void) {
     CHECK(lunar_hd_log(1.0) == 0 && fabs(lunar_hd_log(2.0) - log(2.0)) < 2e-16, "log(1), log(2)");
 }
 
-/* the exponential as the kernels run it: a loop in a function cloned per instruction set, so
- * the clone this CPU picks (AVX-512, AVX2 + FMA or the baseline) is the one checked */
-LUNAR_CPU_VECTOR_WIDE static void exp_array(float *y, const float *x, int n) {
+/* the exponential as the kernels compile it: once per instruction set the kernels are cloned for
+ * (vecmath.h), with multiply-adds fused as there; a CPU runs the variants it supports */
+typedef void (*exp_array_fn)(float *y, const float *x, int n);
+
+#define EXP_ARRAY_BODY \
     for (int i = 0; i < n; i++) y[i] = lunar_expf_upto88(x[i]);
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+__attribute__((optimize("fp-contract=fast"))) static void exp_array_base(float *y, const float *x, int n) {
+    EXP_ARRAY_BODY
+}
+__attribute__((target("arch=x86-64-v3"), optimize("fp-contract=fast"))) static void exp_array_v3(float *y, const float *x,
+                                                                                               int n) {
+    EXP_ARRAY_BODY
+}
+__attribute__((target("arch=x86-64-v4"), optimize("fp-contract=fast"))) static void exp_array_v4(float *y, const float *x,
+                                                                                               int n) {
+    EXP_ARRAY_BODY
+}
+static int exp_variants(exp_array_fn *fns, const char **names) {
+    int k = 0;
+    fns[k] = exp_array_base, names[k++] = "baseline";
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) fns[k] = exp_array_v3, names[k++] = "x86-64-v3";
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+        __builtin_cpu_supports("avx512vl"))
+        fns[k] = exp_array_v4, names[k++] = "x86-64-v4";
+    return k;
+}
+#else
+static void exp_array_base(float *y, const float *x, int n) { EXP_ARRAY_BODY }
+static int exp_variants(exp_array_fn *fns, const char **names) {
+    fns[0] = exp_array_base, names[0] = "plain";
+    return 1;
+}
+#endif
+
+/* one batch of inputs: the worst relative error where e^x is a normal float; elsewhere the
+ * result must be below the smallest normal float */
+static void exp_batch(exp_array_fn fn, const char *name, const float *xs, float *ys, int n, double *worst,
+                      float *worst_x) {
+    fn(ys, xs, n);
+    for (int i = 0; i < n; i++) {
+        double want = exp((double)xs[i]);
+        if (want >= 1.1754943508222875e-38) {
+            double e = fabs(ys[i] - want) / want;
+            if (e > *worst) { *worst = e; *worst_x = xs[i]; }
+        } else {
+            CHECK(ys[i] >= 0 && ys[i] < 1.1754943508222875e-38f, "%s: exp(%.9g) = %g, want %g", name, xs[i], ys[i],
+                  want);
+        }
+    }
 }
 
-/* lunar_expf_upto88 over its domain x <= 88: within 2 x 2^-23 of e^x wherever e^x is a normal
- * float, below the smallest normal float elsewhere, exactly 0 for -inf and far below, exactly 1
- * at 0, NaN for NaN */
+/* lunar_expf_upto88 over its domain x <= 88, in every variant: within 2 x 2^-23 of e^x wherever
+ * e^x is a normal float (inputs: 2M evenly spaced over [-90, 88], which covers the exponent's
+ * whole range finely, and every 4099th float bit pattern in it, which covers tiny |x|); exactly 0
+ * for -inf and far below; exactly 1 at 0; NaN for NaN */
 static void test_vec_exp(void) {
-    enum { BATCH = 4096 };
+    enum { BATCH = 4096, SPACED = 1 << 21 };
     static float xs[BATCH], ys[BATCH];
-    double worst = 0;
-    float worst_x = 0;
-    int n = 0;
-    int64_t checked = 0;
-    for (uint64_t u = 0; u <= 0xffffffffu; u += 4099) {
-        float f;
-        uint32_t w = (uint32_t)u;
-        memcpy(&f, &w, 4);
-        if (f >= -90.0f && f <= 88.0f) xs[n++] = f;
-        if (n < BATCH && u + 4099 <= 0xffffffffu) continue;
-        exp_array(ys, xs, n);
-        for (int i = 0; i < n; i++) {
-            double want = exp((double)xs[i]);
-            if (want >= 1.1754943508222875e-38) {
-                double e = fabs(ys[i] - want) / want;
-                if (e > worst) { worst = e; worst_x = xs[i]; }
-            } else {
-                CHECK(ys[i] >= 0 && ys[i] < 1.1754943508222875e-38f, "exp(%.9g) = %g, want %g", xs[i], ys[i], want);
+    exp_array_fn fns[3];
+    const char *names[3];
+    int variants = exp_variants(fns, names);
+    for (int f = 0; f < variants; f++) {
+        double worst = 0;
+        float worst_x = 0;
+        int n = 0;
+        int64_t checked = 0;
+        for (int64_t k = 0; k <= SPACED; k++) {
+            xs[n++] = (float)(-90.0 + 178.0 * (double)k / SPACED);
+            if (n == BATCH || k == SPACED) {
+                exp_batch(fns[f], names[f], xs, ys, n, &worst, &worst_x);
+                checked += n;
+                n = 0;
             }
         }
-        checked += n;
-        n = 0;
+        for (uint64_t u = 0; u <= 0xffffffffu; u += 4099) {
+            float x;
+            uint32_t w = (uint32_t)u;
+            memcpy(&x, &w, 4);
+            if (x >= -90.0f && x <= 88.0f) xs[n++] = x;
+            if (n == BATCH || (u + 4099 > 0xffffffffu && n > 0)) {
+                exp_batch(fns[f], names[f], xs, ys, n, &worst, &worst_x);
+                checked += n;
+                n = 0;
+            }
+        }
+        CHECK(checked > 2500000, "%s: only %lld inputs checked", names[f], (long long)checked);
+        CHECK(worst <= 2.0 * 0x1p-23, "%s: exp relative error %.3g (%.2f x 2^-23) at x = %.9g", names[f], worst,
+              worst * 0x1p23, worst_x);
+        float special[6] = {0.0f, -INFINITY, -88.1f, -1000.0f, NAN, -87.0f}, out[6];
+        fns[f](out, special, 6);
+        CHECK(out[0] == 1.0f, "%s: exp(0) = %.9g", names[f], out[0]);
+        CHECK(out[1] == 0.0f && out[2] == 0.0f && out[3] == 0.0f, "%s: exp(-inf, -88.1, -1000) = %g %g %g", names[f],
+              out[1], out[2], out[3]);
+        CHECK(isnan(out[4]), "%s: exp(NaN) = %g", names[f], out[4]);
+        CHECK(out[5] > 0 && fabs(out[5] - exp(-87.0)) < 2.0 * 0x1p-23 * exp(-87.0), "%s: exp(-87) = %g", names[f],
+              out[5]);
+        printf("test_core: exp (%s): worst relative error %.2f x 2^-23 over %lld inputs\n", names[f], worst * 0x1p23,
+               (long long)checked);
     }
-    CHECK(checked > 500000, "only %lld inputs checked", (long long)checked);
-    CHECK(worst <= 2.0 * 0x1p-23, "exp relative error %.3g (%.2f x 2^-23) at x = %.9g", worst, worst * 0x1p23, worst_x);
-    float special[6] = {0.0f, -INFINITY, -88.1f, -1000.0f, NAN, -87.0f}, out[6];
-    exp_array(out, special, 6);
-    CHECK(out[0] == 1.0f, "exp(0) = %.9g", out[0]);
-    CHECK(out[1] == 0.0f && out[2] == 0.0f && out[3] == 0.0f, "exp(-inf, -88.1, -1000) = %g %g %g", out[1], out[2],
-          out[3]);
-    CHECK(isnan(out[4]), "exp(NaN) = %g", out[4]);
-    CHECK(out[5] > 0 && fabs(out[5] - exp(-87.0)) < 2.0 * 0x1p-23 * exp(-87.0), "exp(-87) = %g", out[5]);
 }
 
 /* Sizes whose element or byte count overflows int64 (or size_t) are shape errors, never a tiny
