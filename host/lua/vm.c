@@ -83,6 +83,16 @@ static int l_clock(lua_State *L) {
     return 1;
 }
 
+static int l_error_site(lua_State *L);
+
+/* core.failure_pending() -> true when --repl-on-error has captured a failing frame and its REPL
+ * is still to run (lunar.scope then keeps the scope's tensors alive for it) */
+static int l_failure_pending(lua_State *L) {
+    lua_getfield(L, LUA_REGISTRYINDEX, "lunar.failure_env");
+    lua_pushboolean(L, lua_istable(L, -1));
+    return 1;
+}
+
 static int l_repl(lua_State *L) {
     int env = lua_istable(L, 1) ? 1 : 0;
     lunar_repl_run(L, env);
@@ -108,6 +118,10 @@ static int open_core(lua_State *L) {
     lua_setfield(L, -2, "repl");
     lua_pushcfunction(L, l_clock);
     lua_setfield(L, -2, "clock");
+    lua_pushcfunction(L, l_error_site);
+    lua_setfield(L, -2, "error_site");
+    lua_pushcfunction(L, l_failure_pending);
+    lua_setfield(L, -2, "failure_pending");
     return 1;
 }
 
@@ -201,13 +215,9 @@ int lunar_vm_repl_at_failure(lua_State *L) {
     return 1;
 }
 
-int lunar_vm_traceback(lua_State *L) {
-    if (!lua_isstring(L, 1)) {
-        /* non-string error object: use __tostring if it has one */
-        if (luaL_callmeta(L, 1, "__tostring") && lua_isstring(L, -1)) lua_replace(L, 1);
-        else lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1)), lua_replace(L, 1);
-        lua_settop(L, 1);
-    }
+/* The traceback of error value 1 from where it was raised (level 2: above the handler); under
+ * the "lunar.repl_on_error" flag (once) the failing frame's locals are captured as well. */
+static void traceback_at_error(lua_State *L) {
     lua_getfield(L, LUA_REGISTRYINDEX, "lunar.repl_on_error");
     int repl = lua_toboolean(L, -1);
     lua_pop(L, 1);
@@ -218,9 +228,59 @@ int lunar_vm_traceback(lua_State *L) {
     }
     lua_getglobal(L, "debug");
     lua_getfield(L, -1, "traceback");
-    lua_pushvalue(L, 1);
+    if (lua_isstring(L, 1)) lua_pushvalue(L, 1);
+    else if (luaL_callmeta(L, 1, "__tostring") && lua_isstring(L, -1)) {}
+    else lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
     lua_pushinteger(L, 2);
     lua_call(L, 2, 1);
+    lua_remove(L, -2);   /* debug */
+}
+
+/* An error that passed through lunar.scope was given its traceback there, where the failing
+ * frames were still on the stack ("lunar.error_site" = {error value, traceback}); by the time
+ * scope re-raises it they are gone. Pushes that traceback if error value 1 is the one recorded. */
+static int recorded_traceback(lua_State *L) {
+    lua_getfield(L, LUA_REGISTRYINDEX, "lunar.error_site");
+    if (lua_istable(L, -1)) {
+        lua_rawgeti(L, -1, 1);
+        int same = lua_rawequal(L, -1, 1);
+        lua_pop(L, 1);
+        if (same) {
+            lua_rawgeti(L, -1, 2);
+            lua_remove(L, -2);
+            return 1;
+        }
+    }
+    lua_pop(L, 1);
+    return 0;
+}
+
+/* core.error_site(err) -> err: lunar.scope's message handler. Records err's traceback (and, under
+ * --repl-on-error, the failing frame's locals) before the scope unwinds and frees its tensors;
+ * the error value itself is returned unchanged, so pcall around a scope sees what was raised. */
+static int l_error_site(lua_State *L) {
+    lua_settop(L, 1);
+    if (recorded_traceback(L)) {   /* an inner scope recorded it already */
+        lua_pop(L, 1);
+        return 1;
+    }
+    lua_createtable(L, 2, 0);
+    lua_pushvalue(L, 1);
+    lua_rawseti(L, -2, 1);
+    traceback_at_error(L);
+    lua_rawseti(L, -2, 2);
+    lua_setfield(L, LUA_REGISTRYINDEX, "lunar.error_site");
+    return 1;
+}
+
+int lunar_vm_traceback(lua_State *L) {
+    lua_settop(L, 1);
+    if (recorded_traceback(L)) {
+        lua_pushnil(L);
+        lua_setfield(L, LUA_REGISTRYINDEX, "lunar.error_site");
+        return 1;
+    }
+    traceback_at_error(L);
     return 1;
 }
 

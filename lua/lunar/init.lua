@@ -21,24 +21,33 @@ lunar.ops = require 'lunar.ops'
 lunar.config = require 'lunar.config'
 
 -- lunar.scope(fn, ...): tensors created inside fn are freed when it returns, except the ones
--- it returns (directly, or one level down in returned tables). Errors propagate after cleanup.
+-- it returns (directly, or anywhere inside returned tables). Errors propagate after cleanup,
+-- with the traceback of where they were raised (core.error_site records it before the unwind).
 local function pack(...) return {n = select('#', ...), ...} end
+
+local function keep_returned(v, seen)
+    if tensor.is_tensor(v) then
+        core.scope_keep(v)
+    elseif type(v) == 'table' and not seen[v] then
+        seen[v] = true
+        for k, x in pairs(v) do
+            keep_returned(k, seen)
+            keep_returned(x, seen)
+        end
+    end
+end
 
 function lunar.scope(fn, ...)
     core.scope_push()
     -- n counts the results past a nil (#res would stop at the first one)
-    local res = pack(pcall(fn, ...))
+    local res = pack(xpcall(fn, core.error_site, ...))
     if res[1] then
-        for i = 2, res.n do
-            local v = res[i]
-            if tensor.is_tensor(v) then
-                core.scope_keep(v)
-            elseif type(v) == 'table' then
-                for _, x in pairs(v) do
-                    if tensor.is_tensor(x) then core.scope_keep(x) end
-                end
-            end
-        end
+        local seen = {}
+        for i = 2, res.n do keep_returned(res[i], seen) end
+    elseif core.failure_pending() then
+        -- --repl-on-error is about to show the failing frame's locals: leave this scope's
+        -- tensors alive for it (the process ends after that REPL)
+        error(res[2], 0)
     end
     core.scope_pop()
     if not res[1] then error(res[2], 0) end

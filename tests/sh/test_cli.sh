@@ -197,6 +197,37 @@ run "$LUNAR" "$TMP/onerror.lua"
 expect_rc 1 "the same script without --repl-on-error"
 grep -q 'entering the REPL' "$TMP/err" && fail "a REPL was opened without --repl-on-error"
 
+# inside lunar.scope (every training step runs in one): the traceback still reaches the failing
+# line, --repl-on-error still sees that frame's locals, and its tensors are still alive
+cat > "$TMP/inscope.lua" <<'EOF'
+local lunar = require 'lunar'
+local function step(inp)
+    local acts = lunar.ones(2, 3)
+    local y = inp:matmul(lunar.randn(4, 5))
+    return y
+end
+local x = lunar.randn(2, 3)
+lunar.scope(function() step(x) end)
+EOF
+run "$LUNAR" "$TMP/inscope.lua"
+expect_rc 1 "an error inside lunar.scope"
+expect_err "inscope.lua:4: gemm: a 'tensor' (2, 3) and b 'tensor' (4, 5)"
+expect_err "inscope.lua:4: in function 'step'"
+expect_err "inscope.lua:8: in function <"
+printf '=acts:sum():item()\n=inp:size(2)\n' |
+    "$LUNAR" --repl-on-error "$TMP/inscope.lua" >"$TMP/out" 2>"$TMP/err"
+rc=$?
+expect_rc 1 "--repl-on-error inside lunar.scope"
+grep -q -x 6 "$TMP/out" || { cat "$TMP/out" "$TMP/err" >&2; fail "=acts:sum():item() did not print 6"; }
+grep -q -x 3 "$TMP/out" || fail "=inp:size(2) did not print 3"
+# pcall around a scope gets the error value as raised (no traceback glued to it)
+run "$LUNAR" -e 'local l = require "lunar"
+local ok, e = pcall(l.scope, function() error({code = 7}) end)
+local ok2, e2 = pcall(l.scope, function() error("plain", 0) end)
+print(type(e) == "table" and e.code, e2)'
+expect_rc 0 "pcall around lunar.scope"
+[ "$(cat "$TMP/out")" = "7	plain" ] || fail "pcall around lunar.scope gave '$(cat "$TMP/out")'"
+
 # through tmux, as at a terminal
 if command -v tmux >/dev/null 2>&1; then
     tmux_start onerr "env INPUTRC=/dev/null LUNAR_HISTORY='$TMP/history' '$LUNAR' --repl-on-error '$TMP/onerror.lua'"
