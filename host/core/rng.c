@@ -2,8 +2,11 @@
  *
  * Counter layout: element draws use words (ctr_lo, ctr_hi, 0, 0); key derivation for split()
  * uses (id_lo, id_hi, 1, 0), so a child key can never collide with an element of its parent. */
-#include "lunar/rng.h"
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
 
+#include "lunar/rng.h"
 #include "lunar/backend.h"
 #include "lunar/ops.h"
 
@@ -31,7 +34,7 @@ lunar_rng lunar_rng_split(const lunar_rng *r, uint64_t id) {
 }
 
 static lunar_status rng_draw(lunar_ctx *ctx, lunar_tensor *out, lunar_rng *r, lunar_rng_kind kind, double a,
-                             double b, const char *what) {
+                             double b, double top, const char *what) {
     LUNAR_TRY(lunar_tensor_check(ctx, out));
     lunar_device dev = lunar_tensor_device(out);
     const lunar_backend *be = lunar_ctx_backend(ctx, dev.type);
@@ -42,12 +45,12 @@ static lunar_status rng_draw(lunar_ctx *ctx, lunar_tensor *out, lunar_rng *r, lu
     int64_t n = lunar_tensor_numel(out);
     lunar_status st;
     if (lunar_tensor_is_contiguous(out)) {
-        st = be->rng_fill(ctx, out, kind, r->key, r->counter, a, b);
+        st = be->rng_fill(ctx, out, kind, r->key, r->counter, a, b, top);
     } else {
         /* draw into a contiguous temporary so element i is the same whatever the strides */
         lunar_tensor tmp = {0};
         LUNAR_TRY(lunar_tensor_new(ctx, &tmp, out->dtype, dev, out->ndim, out->shape));
-        st = be->rng_fill(ctx, &tmp, kind, r->key, r->counter, a, b);
+        st = be->rng_fill(ctx, &tmp, kind, r->key, r->counter, a, b, top);
         if (st == LUNAR_OK) st = lunar_copy(ctx, out, &tmp);
         lunar_tensor_release(ctx, &tmp);
     }
@@ -55,15 +58,62 @@ static lunar_status rng_draw(lunar_ctx *ctx, lunar_tensor *out, lunar_rng *r, lu
     return st;
 }
 
+/* The largest value of dtype dt that is < hi (as a double), for float dtypes; -inf if none. The
+ * float bit patterns of one sign are ordered like integers, so the neighbour below a value is
+ * one pattern away: down for positive values, up for negative ones. */
+static double largest_below(lunar_dtype dt, double hi) {
+    unsigned char buf[8] = {0};
+    size_t es = lunar_dtype_size(dt);
+    lunar_dtype_store(dt, buf, hi);
+    double r = lunar_dtype_load(dt, buf);
+    for (int step = 0; step < 4 && !(r < hi); step++) {
+        uint64_t bits = 0;
+        memcpy(&bits, buf, es);   /* little-endian host: the low es bytes */
+        uint64_t sign = (uint64_t)1 << (8 * es - 1), mag = bits & (sign - 1);
+        if (r != r) return -INFINITY;
+        if (!(bits & sign) && mag > 0) bits -= 1;                 /* positive: toward zero */
+        else if (bits & sign) bits += 1;                          /* negative (or -0): away from zero */
+        else bits = sign | 1;                                     /* +0: the smallest negative */
+        memcpy(buf, &bits, es);
+        r = lunar_dtype_load(dt, buf);
+    }
+    return r < hi ? r : -INFINITY;
+}
+
 lunar_status lunar_rng_uniform(lunar_ctx *ctx, lunar_tensor *out, lunar_rng *r, double lo, double hi) {
-    return rng_draw(ctx, out, r, LUNAR_RNG_UNIFORM, lo, hi, "uniform");
+    if (!(lo <= hi))
+        return LUNAR_FAIL(ctx, LUNAR_ERR_ARG, "uniform: lo %g is above hi %g for '%s'", lo, hi, lunar_tensor_label(out));
+    /* lo == hi: every draw is lo (as torch) */
+    double top = lunar_dtype_is_float(out->dtype) && lo < hi ? largest_below(out->dtype, hi) : hi;
+    if (!(top >= lo))
+        return LUNAR_FAIL(ctx, LUNAR_ERR_ARG, "uniform: [%g, %g) holds no %s value for '%s'", lo, hi,
+                          lunar_dtype_name(out->dtype), lunar_tensor_label(out));
+    return rng_draw(ctx, out, r, LUNAR_RNG_UNIFORM, lo, hi, top, "uniform");
 }
 
 lunar_status lunar_rng_normal(lunar_ctx *ctx, lunar_tensor *out, lunar_rng *r, double mean, double std) {
-    return rng_draw(ctx, out, r, LUNAR_RNG_NORMAL, mean, std, "normal");
+    return rng_draw(ctx, out, r, LUNAR_RNG_NORMAL, mean, std, 0.0, "normal");
+}
+
+/* the integers an integer dtype holds: [*min, *max]; 0 for float dtypes (any range is allowed,
+ * values round as the dtype rounds) */
+static int int_dtype_range(lunar_dtype dt, int64_t *min, int64_t *max) {
+    switch (dt) {
+    case LUNAR_DTYPE_I8: *min = INT8_MIN, *max = INT8_MAX; return 1;
+    case LUNAR_DTYPE_U8: *min = 0, *max = UINT8_MAX; return 1;
+    case LUNAR_DTYPE_BOOL: *min = 0, *max = 1; return 1;
+    case LUNAR_DTYPE_I32: *min = INT32_MIN, *max = INT32_MAX; return 1;
+    case LUNAR_DTYPE_I64: *min = INT64_MIN, *max = INT64_MAX; return 1;
+    default: return 0;
+    }
 }
 
 lunar_status lunar_rng_randint(lunar_ctx *ctx, lunar_tensor *out, lunar_rng *r, int64_t lo, int64_t hi) {
     if (hi <= lo) return LUNAR_FAIL(ctx, LUNAR_ERR_ARG, "randint: empty range [%lld, %lld)", (long long)lo, (long long)hi);
-    return rng_draw(ctx, out, r, LUNAR_RNG_RANDINT, (double)lo, (double)hi, "randint");
+    int64_t min, max;
+    if (int_dtype_range(out->dtype, &min, &max) && (lo < min || hi - 1 > max))
+        return LUNAR_FAIL(ctx, LUNAR_ERR_ARG, "randint: [%lld, %lld) does not fit %s '%s' (which holds %lld..%lld)",
+                          (long long)lo, (long long)hi, lunar_dtype_name(out->dtype), lunar_tensor_label(out),
+                          (long long)min, (long long)max);
+    return rng_draw(ctx, out, r, LUNAR_RNG_RANDINT, (double)lo, (double)hi, 0.0, "randint");
 }

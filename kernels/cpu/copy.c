@@ -236,7 +236,7 @@ lunar_status lunar_cpu_arange(lunar_ctx *ctx, lunar_tensor *t, double start, dou
 }
 
 lunar_status lunar_cpu_rng_fill(lunar_ctx *ctx, lunar_tensor *out, lunar_rng_kind kind, uint64_t key, uint64_t counter,
-                                double a, double b) {
+                                double a, double b, double top) {
     (void)ctx;
     int64_t n = lunar_tensor_numel(out);
     char *p = lunar_tensor_data(out);
@@ -247,7 +247,7 @@ lunar_status lunar_cpu_rng_fill(lunar_ctx *ctx, lunar_tensor *out, lunar_rng_kin
         uint32_t w[4];
         lunar_philox_element(key, counter + (uint64_t)i, w);
         double v;
-        if (kind == LUNAR_RNG_UNIFORM) v = lunar_rng_uniform_value(w, a, b);
+        if (kind == LUNAR_RNG_UNIFORM) v = lunar_rng_uniform_below(w, a, b, top);
         else if (kind == LUNAR_RNG_NORMAL) v = lunar_rng_normal_value(w, a, b);
         else {
             int64_t iv = lunar_rng_randint_value(w, (int64_t)a, (int64_t)b);

@@ -13,7 +13,7 @@ lunar_status lunar_cpu_copy(lunar_ctx *ctx, lunar_tensor *dst, const lunar_tenso
 lunar_status lunar_cpu_fill(lunar_ctx *ctx, lunar_tensor *t, double value);
 lunar_status lunar_cpu_arange(lunar_ctx *ctx, lunar_tensor *t, double start, double step);
 lunar_status lunar_cpu_rng_fill(lunar_ctx *ctx, lunar_tensor *out, lunar_rng_kind kind, uint64_t key,
-                                uint64_t counter, double a, double b);
+                                uint64_t counter, double a, double b, double top);
 
 /* gemm.c */
 lunar_status lunar_cpu_gemm(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor *a, const lunar_tensor *b,

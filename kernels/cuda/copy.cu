@@ -164,7 +164,8 @@ extern "C" lunar_status lunar_cuda_arange(lunar_ctx *ctx, lunar_tensor *t, doubl
 }
 
 // Same element formula as kernels/cpu/copy.c: element i depends only on (key, counter + i).
-__global__ void rng_kernel(char *p, int dt, int64_t n, int kind, uint64_t key, uint64_t counter, double a, double b) {
+__global__ void rng_kernel(char *p, int dt, int64_t n, int kind, uint64_t key, uint64_t counter, double a, double b,
+                           double top) {
     LUNAR_GRID_STRIDE(i, n) {
         uint32_t w[4];
         lunar_philox_element(key, counter + (uint64_t)i, w);
@@ -173,21 +174,21 @@ __global__ void rng_kernel(char *p, int dt, int64_t n, int kind, uint64_t key, u
             if (dt == LUNAR_DTYPE_I64) ((int64_t *)p)[i] = v;
             else store_from_f64(dt, p, i, (double)v, 0, 0);
         } else {
-            double v = kind == LUNAR_RNG_UNIFORM ? lunar_rng_uniform_value(w, a, b) : lunar_rng_normal_value(w, a, b);
+            double v = kind == LUNAR_RNG_UNIFORM ? lunar_rng_uniform_below(w, a, b, top) : lunar_rng_normal_value(w, a, b);
             store_from_f64(dt, p, i, v, 0, 0);
         }
     }
 }
 
 extern "C" lunar_status lunar_cuda_rng_fill(lunar_ctx *ctx, lunar_tensor *out, lunar_rng_kind kind, uint64_t key,
-                                            uint64_t counter, double a, double b) {
+                                            uint64_t counter, double a, double b, double top) {
     int64_t n = lunar_tensor_numel(out);
     if (n == 0) return LUNAR_OK;
     cudaStream_t stream;
     lunar_status st = lunar_cuda_stream_for(ctx, out, &stream);
     if (st != LUNAR_OK) return st;
     rng_kernel<<<lunar_cuda_grid(n), LUNAR_CUDA_BLOCK, 0, stream>>>((char *)lunar_tensor_data(out), out->dtype, n,
-                                                                  (int)kind, key, counter, a, b);
+                                                                  (int)kind, key, counter, a, b, top);
     LUNAR_CUDA_LAUNCH_CHECK(ctx, "rng");
     return LUNAR_OK;
 }

@@ -189,6 +189,30 @@ T:test('rng streams are reproducible and splittable', function()
     assert(lo == 3 and hi == 6, ('randint range %d..%d'):format(lo, hi))
 end)
 
+T:test('uniform stays below hi in every float dtype; randint checks its range fits the dtype', function()
+    -- bf16 rounds about 1 draw of [0, 1) in 500 up to 1, and f32 rounds 1 - 2^-53 up to 1
+    for _, dt in ipairs({'bf16', 'f16', 'f32', 'f8e4m3', 'f8e5m2'}) do
+        local t = lunar.rng(2):uniform_(lunar.empty({200000}, dt), 0, 1):float()
+        T.equal(t:ge(1):float():sum():item(), 0, dt .. ': draws of [0, 1) equal to 1')
+        assert(t:min():item() >= 0, dt .. ': a draw below 0')
+    end
+    local b = lunar.rng(3):uniform_(lunar.empty({100000}, 'bf16'), 1, 2):float()
+    assert(b:max():item() == 1.9921875 and b:min():item() == 1, 'bf16 [1, 2): ' .. b:max():item())
+    local n = lunar.rng(3):uniform_(lunar.empty({100000}, 'bf16'), -2, -1):float()
+    assert(n:max():item() == -1.0078125, 'bf16 [-2, -1) max ' .. n:max():item())
+    T.equal(lunar.rng(1):uniform_(lunar.empty(3), 0.5, 0.5), {0.5, 0.5, 0.5}, 'lo == hi gives lo')
+    T.raises(function() lunar.rng(1):uniform_(lunar.empty(3), 1, 0) end, 'lo 1 is above hi 0')
+    -- uniform values below the clamp are the same as before it existed: f32 [0, 1) matches u01
+    local f = lunar.rng(4):uniform_(lunar.empty(1000), -3, 5)
+    assert(f:max():item() < 5 and f:min():item() >= -3, 'f32 [-3, 5)')
+    T.raises(function() lunar.rng(1):randint_(lunar.empty({10}, 'i8'), 0, 200) end,
+        'randint: [0, 200) does not fit i8')
+    T.raises(function() lunar.rng(1):randint_(lunar.empty({10}, 'u8'), -1, 3) end, 'does not fit u8')
+    T.raises(function() lunar.rng(1):randint_(lunar.empty({10}, 'bool'), 0, 3) end, 'does not fit bool')
+    local u = lunar.rng(1):randint_(lunar.empty({1000}, 'u8'), 250, 256):float()
+    assert(u:min():item() == 250 and u:max():item() == 255, 'u8 [250, 256)')
+end)
+
 T:test('config overrides parse and merge', function()
     local cfg = lunar.config
     local o = cfg.parse({'train.steps=10', 'model.path=/x', 'optim.betas=[0.9,0.95]', 'debug=true'})

@@ -44,8 +44,11 @@ struct lunar_backend {
     lunar_status (*copy)(lunar_ctx *ctx, lunar_tensor *dst, const lunar_tensor *src, int saturate);
     lunar_status (*fill)(lunar_ctx *ctx, lunar_tensor *t, double value);
     lunar_status (*arange)(lunar_ctx *ctx, lunar_tensor *t, double start, double step);
+    /* uniform: a = lo, b = hi, top = the largest value of out's dtype below hi (every draw is
+     * clamped to it in f64 before rounding, so none rounds up to hi); normal: mean, std;
+     * randint: lo, hi */
     lunar_status (*rng_fill)(lunar_ctx *ctx, lunar_tensor *out, lunar_rng_kind kind, uint64_t key,
-                             uint64_t counter, double a, double b);
+                             uint64_t counter, double a, double b, double top);
 
     /* gemm relaxes the contiguity rule so that views reach BLAS without copies. Each of a, b, c
      * is 2-D (R, C) or 3-D (batch, R, C) and "row-major": unit stride in the last dim and a row

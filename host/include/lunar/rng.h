@@ -63,6 +63,13 @@ LUNAR_HD double lunar_rng_u01(uint32_t hi, uint32_t lo) {   /* 53 random bits ->
 LUNAR_HD double lunar_rng_uniform_value(const uint32_t w[4], double lo, double hi) {
     return lunar_hd_mul_add(hi - lo, lunar_rng_u01(w[0], w[1]), lo);   /* lo + (hi - lo) * u, unfused */
 }
+/* the uniform value clamped to top, the largest value of the output dtype below hi: the
+ * rounding to that dtype then cannot reach hi (u < 1 alone does not ensure it: 1 - 2^-53 rounds
+ * to 1 in f32, and bf16 rounds about 1 draw in 500 of [0, 1) up to 1) */
+LUNAR_HD double lunar_rng_uniform_below(const uint32_t w[4], double lo, double hi, double top) {
+    double v = lunar_rng_uniform_value(w, lo, hi);
+    return v > top ? top : v;
+}
 LUNAR_HD double lunar_rng_normal_value(const uint32_t w[4], double mean, double std) {
     double u1 = 1.0 - lunar_rng_u01(w[0], w[1]);   /* (0, 1] so the log is finite */
     double u2 = lunar_rng_u01(w[2], w[3]);
