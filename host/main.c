@@ -27,7 +27,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: lunar [options] [script.lua [key=value ...] [args ...]]\n"
             "  -e CODE           run CODE (before the script)\n"
-            "  -i                interactive REPL (after the script, if any)\n"
+            "  -i                interactive REPL (after the script, if any, even if it failed)\n"
             "  --repl-on-error   open the REPL at the failure if the script raises an error\n"
             "  --threads N       CPU threads for kernels (default: LUNAR_THREADS or all cores)\n"
             "  --version         print the version\n"
@@ -153,11 +153,14 @@ int main(int argc, char **argv) {
         if (strcmp(script, "-") == 0) script = NULL;   /* stdin */
         if (lunar_vm_dofile(L, script, nargs) != 0) rc = 1;
     }
+    int repl_ran = 0;
     if (rc != 0) {
         report_error(L);
-        if (repl_on_error) lunar_vm_repl_at_failure(L);   /* exits 1 afterwards all the same */
+        if (repl_on_error) repl_ran = lunar_vm_repl_at_failure(L);   /* exits 1 afterwards all the same */
     }
-    if (rc == 0 && interactive) {
+    /* -i opens the REPL after the script even when it failed (as python -i does), with what the
+     * script had defined by then; the exit status stays the script's */
+    if (interactive && !repl_ran) {
         lua_settop(L, 0);
         lua_pushnil(L);   /* --repl-on-error is about the script: errors typed at the REPL are just shown */
         lua_setfield(L, LUA_REGISTRYINDEX, "lunar.repl_on_error");

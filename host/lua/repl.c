@@ -1,8 +1,9 @@
 /* repl.c: the interactive loop of `lunar -i`: readline editing and history, multi-line input,
  * `=expr` and bare expressions printed (tensors pretty-printed by lunar.repl.show), errors
- * printed with a traceback without leaving the loop. Built without readline
- * (LUNAR_WITH_READLINE undefined), lines are read with getline: no editing, no history, and
- * Ctrl-C at the prompt interrupts lunar as it would any program. */
+ * printed with a traceback without leaving the loop, Ctrl-C interrupting a running chunk. Built
+ * without readline (LUNAR_WITH_READLINE undefined), lines are read with getline: no editing, no
+ * history, and Ctrl-C at the prompt interrupts lunar as it would any program. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,14 +85,63 @@ static void editing_end(const char *hist) { history_truncate_file(hist, 2000); }
 
 #endif   /* LUNAR_WITH_READLINE */
 
-/* 1 if the chunk failed only because the input ended early (more lines are needed) */
-static int incomplete(lua_State *L, int rc) {
-    if (rc != LUA_ERRSYNTAX) return 0;
+/* 1 if a parse error on top of the stack is only the input ending early */
+static int ends_early(lua_State *L) {
     size_t len;
     const char *msg = lua_tolstring(L, -1, &len);
     const char *tail = "'<eof>'";
     size_t tl = strlen(tail);
     return msg && len >= tl && strcmp(msg + len - tl, tail) == 0;
+}
+
+/* 1 if code is the start of an expression or of a statement that more lines could complete
+ * (`=1 +`, `{`, `x +`, `for i = 1, 3 do`, an open long comment). The expression is tried as
+ * "return code", not inside select(...), whose closing parenthesis would hide the early end. */
+static int incomplete(lua_State *L, const char *code, int is_expr) {
+    int more = 0;
+    lua_pushfstring(L, "return %s", code);
+    if (luaL_loadbuffer(L, lua_tostring(L, -1), lua_objlen(L, -1), "=stdin") == LUA_ERRSYNTAX) more = ends_early(L);
+    lua_pop(L, 2);
+    if (!more && !is_expr) {
+        if (luaL_loadbuffer(L, code, strlen(code), "=stdin") == LUA_ERRSYNTAX) more = ends_early(L);
+        lua_pop(L, 1);
+    }
+    return more;
+}
+
+/* Ctrl-C while a chunk runs: the first one raises "interrupted!" in Lua at the next hook (a
+ * function call or return, or every 1000 VM instructions), as lua.c does, so the session and
+ * what it loaded survive; it cannot stop a loop running as JIT-compiled code or inside one C
+ * op, so a second Ctrl-C ends lunar as usual. The handler needs the running state, and a signal
+ * handler has no argument to carry it: running_state is set only while a chunk runs. */
+static lua_State *volatile running_state;
+
+static void interrupt_hook(lua_State *L, lua_Debug *ar) {
+    (void)ar;
+    lua_sethook(L, NULL, 0, 0);
+    luaL_error(L, "interrupted!");
+}
+
+static void on_interrupt(int sig) {
+    signal(sig, SIG_DFL);   /* a second Ctrl-C ends the process */
+    lua_State *L = running_state;
+    if (L) lua_sethook(L, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKCOUNT, 1000);
+}
+
+/* run the loaded chunk under the traceback handler, Ctrl-C interrupting it (tty only) */
+static int run_chunk(lua_State *L, int tty) {
+    void (*previous)(int) = SIG_DFL;
+    if (tty) {
+        running_state = L;
+        previous = signal(SIGINT, on_interrupt);
+    }
+    int rc = lunar_vm_pcall(L, 0, LUA_MULTRET);
+    if (tty) {
+        signal(SIGINT, previous == SIG_ERR ? SIG_DFL : previous);
+        running_state = NULL;
+        lua_sethook(L, NULL, 0, 0);
+    }
+    return rc;
 }
 
 /* one line without its newline (malloc'd), or NULL at end of input */
@@ -176,20 +226,27 @@ void lunar_repl_run(lua_State *L, int env) {
         free(line);
 
         int top = lua_gettop(L);
-        const char *code = buf[0] == '=' ? buf + 1 : buf;
+        int is_expr = buf[0] == '=';
+        const char *code = is_expr ? buf + 1 : buf;
         /* an expression first, then a statement. The expression list is passed through
          * select(1, ...) rather than returned directly: `return f(x)` would be a tail call, and
          * an error inside f would then show a traceback without the line typed. */
         lua_pushfstring(L, "return select(1, %s)", code);
         int rc = luaL_loadbuffer(L, lua_tostring(L, -1), strlen(lua_tostring(L, -1)), "=stdin");
         lua_remove(L, -2);
-        if (rc != 0) {
+        if (rc != 0 && !is_expr) {
             lua_pop(L, 1);
             rc = luaL_loadbuffer(L, code, strlen(code), "=stdin");
         }
-        if (incomplete(L, rc)) {
+        if (rc == LUA_ERRSYNTAX && incomplete(L, code, is_expr)) {
             lua_pop(L, 1);
             continue;
+        }
+        if (rc == LUA_ERRSYNTAX && is_expr) {   /* report the expression's own error */
+            lua_pop(L, 1);
+            lua_pushfstring(L, "return %s", code);
+            luaL_loadbuffer(L, lua_tostring(L, -1), lua_objlen(L, -1), "=stdin");
+            lua_remove(L, -2);
         }
 #ifdef LUNAR_WITH_READLINE
         if (tty) {
@@ -208,7 +265,7 @@ void lunar_repl_run(lua_State *L, int env) {
             lua_pushvalue(L, env);
             lua_setfenv(L, -2);
         }
-        if (lunar_vm_pcall(L, 0, LUA_MULTRET) != 0) {
+        if (run_chunk(L, tty) != 0) {
             fprintf(stderr, "%s\n", lua_tostring(L, -1));
             lua_settop(L, top);
             continue;

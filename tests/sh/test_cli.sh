@@ -197,6 +197,18 @@ run "$LUNAR" "$TMP/onerror.lua"
 expect_rc 1 "the same script without --repl-on-error"
 grep -q 'entering the REPL' "$TMP/err" && fail "a REPL was opened without --repl-on-error"
 
+# -i opens the REPL after a failing script too (as python -i), with the globals it had set; the
+# exit status stays the script's
+cat > "$TMP/fails.lua" <<'EOF'
+answer = 42
+error('script ' .. 'failed')
+EOF
+printf 'print("after " .. answer)\n' | "$LUNAR" -i "$TMP/fails.lua" >"$TMP/out" 2>"$TMP/err"
+rc=$?
+expect_rc 1 "-i with a failing script"
+expect_err 'script failed'
+expect_out 'after 42'
+
 # inside lunar.scope (every training step runs in one): the traceback still reaches the failing
 # line, --repl-on-error still sees that frame's locals, and its tensors are still alive
 cat > "$TMP/inscope.lua" <<'EOF'

@@ -19,7 +19,10 @@ trap 'tmux_cleanup; [ -n "${KEEP:-}" ] || rm -rf "$TMP"' EXIT INT TERM
 RUN="env LUNAR_HISTORY='$TMP/history' INPUTRC=/dev/null ASAN_OPTIONS=detect_leaks=0 '$LUNAR'"
 
 # ---- lunar -i ----------------------------------------------------------------------------
-tmux_start main "$RUN -i"
+# `trap : INT`: the session's sh has to outlive the Ctrl-C that interrupts a running chunk below
+# (it goes to the whole foreground group, and a non-interactive dash exits on it), as the
+# interactive shell of a real terminal does; lunar itself starts with SIGINT at its default
+tmux_start main "trap : INT; $RUN -i"
 tmux_wait main 'lunar> '
 
 # a tensor, shown by a bare expression and by =expr
@@ -61,6 +64,14 @@ tmux_wait main '   >> ' 2
 tmux_keys main 'end'
 tmux_wait main 'row30'
 [ "$(tmux_screen main | grep -c -x 'row[123]0')" -eq 3 ] || fail "the for loop did not print 3 rows"
+# an unfinished expression continues on the next line (=1 + / 2, and a table opened alone)
+tmux_keys main '=1 +'
+tmux_wait main '   >> ' 3
+tmux_keys main '2000'
+tmux_wait main '2001'
+tmux_keys main '{'
+tmux_keys main "'open', 'table'}"
+tmux_wait main '{"open", "table"}'
 tmux_keys main 'local function sq(v)'
 tmux_keys main '  return v * v'
 tmux_keys main 'end print("sq=" .. sq(12))'
@@ -86,6 +97,17 @@ if [ "$readline" = 1 ]; then
     tmux_wait main 'aftercancel'
     tmux_screen main | grep -q -F "lunar> print('after' .. 'cancel')" || fail "no fresh prompt after Ctrl-C"
     tmux_screen main | grep -q -x -e 'neverprinted' -e 'nevereither' && fail "cancelled input was run"
+
+    # Ctrl-C while a chunk runs interrupts it ("interrupted!") and the session survives, with
+    # what it had defined (the loop calls a C function each turn, so it runs interpreted and
+    # reaches the hook; a JIT-compiled loop needs a second Ctrl-C, which ends lunar)
+    tmux_keys main 'kept = 41'
+    tmux_keys main 'while true do os.time() end'
+    sleep 0.5
+    tmux_key main C-c
+    tmux_wait main 'interrupted!'
+    tmux_keys main "print('kept' .. kept + 1)"
+    tmux_wait main 'kept42'
 
     # history: Up recalls the previous line, Up Up the one before (a line repeated right away is
     # stored once, so after running histtwo again the one before it is still histone)
