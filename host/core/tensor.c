@@ -165,8 +165,13 @@ lunar_status lunar_tensor_check(lunar_ctx *ctx, const lunar_tensor *t) {
                               lunar_tensor_label(t), a->name, (unsigned long long)s->arena_generation,
                               (unsigned long long)a->generation);
     }
-    if (s->freed || !s->data)
-        return LUNAR_FAIL(ctx, LUNAR_ERR_STALE, "tensor '%s' used after free()", lunar_tensor_label(t));
+    if (s->freed || !s->data) {
+        char sh[160];
+        lunar_tensor_shape_str(t, sh, sizeof sh);
+        return LUNAR_FAIL(ctx, LUNAR_ERR_STALE,
+                          "tensor '%s' %s used after free() (its own, or the end of the lunar.scope that made it)",
+                          lunar_tensor_label(t), sh);
+    }
     return LUNAR_OK;
 }
 

@@ -65,14 +65,16 @@ int lunar_lua_is_tensor(lua_State *L, int idx) {
     return eq;
 }
 
-/* "name: argument idx" of the running C function (its name as Lua called it: "reduce" for
- * core.ops.reduce, "fill_" for t:fill_), so argument errors name the op. */
+/* "name" of the running C function (its name as Lua called it: "reduce" for core.ops.reduce,
+ * "fill_" for t:fill_), so argument errors name the op. No argument number: the Lua wrappers
+ * pass their outputs first, so the C function's numbering is not the caller's; the tensor's
+ * name and shape say which one it is. */
 static void arg_where(lua_State *L, int idx, char *buf, size_t n) {
+    (void)idx;
     lua_Debug ar;
     const char *fn = NULL;
     if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar)) fn = ar.name;
-    if (idx < 0) idx = lua_gettop(L) + idx + 1;
-    snprintf(buf, n, "%s%sargument %d", fn ? fn : "", fn ? ": " : "", idx);
+    snprintf(buf, n, "%s", fn ? fn : "lunar");
 }
 
 lunar_tensor *lunar_lua_check_tensor_raw(lua_State *L, int idx) {

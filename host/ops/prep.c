@@ -34,11 +34,12 @@ lunar_status prep_check(lunar_prep *p, const lunar_tensor *t, const char *role) 
     }
     lunar_device d = lunar_tensor_device(t);
     if (!lunar_device_equal(d, p->dev)) {
-        char a[32], b[32];
+        char a[32], b[32], sh[160];
         lunar_device_format(d, a, sizeof a);
         lunar_device_format(p->dev, b, sizeof b);
-        return p->st = LUNAR_FAIL(p->ctx, LUNAR_ERR_DEVICE, "%s: %s '%s' is on %s but the op runs on %s", p->op, role,
-                                  lunar_tensor_label(t), a, b);
+        lunar_tensor_shape_str(t, sh, sizeof sh);
+        return p->st = LUNAR_FAIL(p->ctx, LUNAR_ERR_DEVICE, "%s: %s '%s' %s is on %s but the op runs on %s", p->op,
+                                  role, lunar_tensor_label(t), sh, a, b);
     }
     return LUNAR_OK;
 }
@@ -150,15 +151,19 @@ lunar_status prep_expect_shape(lunar_prep *p, const lunar_tensor *t, const char 
 lunar_status prep_expect_float(lunar_prep *p, const lunar_tensor *t, const char *role) {
     if (p->st) return p->st;
     if (lunar_dtype_is_float(t->dtype)) return LUNAR_OK;
-    return p->st = LUNAR_FAIL(p->ctx, LUNAR_ERR_DTYPE, "%s: %s '%s' must be a float tensor, not %s", p->op, role,
-                              lunar_tensor_label(t), lunar_dtype_name(t->dtype));
+    char sh[160];
+    lunar_tensor_shape_str(t, sh, sizeof sh);
+    return p->st = LUNAR_FAIL(p->ctx, LUNAR_ERR_DTYPE, "%s: %s '%s' %s must be a float tensor, not %s", p->op, role,
+                              lunar_tensor_label(t), sh, lunar_dtype_name(t->dtype));
 }
 
 lunar_status prep_expect_index(lunar_prep *p, const lunar_tensor *t, const char *role) {
     if (p->st) return p->st;
     if (t->dtype == LUNAR_DTYPE_I32 || t->dtype == LUNAR_DTYPE_I64) return LUNAR_OK;
-    return p->st = LUNAR_FAIL(p->ctx, LUNAR_ERR_DTYPE, "%s: %s '%s' must be i32 or i64, not %s", p->op, role,
-                              lunar_tensor_label(t), lunar_dtype_name(t->dtype));
+    char sh[160];
+    lunar_tensor_shape_str(t, sh, sizeof sh);
+    return p->st = LUNAR_FAIL(p->ctx, LUNAR_ERR_DTYPE, "%s: %s '%s' %s must be i32 or i64, not %s", p->op, role,
+                              lunar_tensor_label(t), sh, lunar_dtype_name(t->dtype));
 }
 
 lunar_status prep_dim(lunar_prep *p, const lunar_tensor *t, const char *role, int *dim) {

@@ -322,7 +322,7 @@ T:test('bad shapes, dtypes and freed tensors are reported by name', function()
     assert(err:find('test_ops_norm.lua:%d+:'), 'error points at the test line: ' .. err)
     T.raises(function() ops.rmsnorm(x, nil, 1e-5, {rstd = lunar.zeros(3)}) end, 'one element per row (4 rows)')
     T.raises(function() ops.rmsnorm(x, nil, 1e-5, {out = lunar.zeros(4, 9)}) end, 'has shape (4, 9), expected (4, 8)')
-    T.raises(function() ops.rmsnorm(lunar.zeros(4, 8, 'i32')) end, "x 'tensor' must be a float tensor, not i32")
+    T.raises(function() ops.rmsnorm(lunar.zeros(4, 8, 'i32')) end, "x 'tensor' (4, 8) must be a float tensor, not i32")
     T.raises(function() ops.rmsnorm_backward(lunar.zeros(4, 7), x, nil, lunar.zeros(4)) end, "dout 'tensor' has shape (4, 7)")
     T.raises(function() ops.layernorm(x, nil, lunar.zeros(9)) end, "layernorm_forward: b 'tensor' has shape (9), expected (8)")
     T.raises(function() ops.layernorm_backward_params(lunar.zeros(8), lunar.zeros(3), x, x, lunar.zeros(4), lunar.zeros(4)) end,

@@ -328,11 +328,11 @@ T:test('errors name the op, the tensor and the problem', function()
     local gone = lunar.randn(3)
     gone:set_name('freed_grad')
     gone:free()
-    -- the binding's check names the op (as Lua called it: the wrapper after a tail call) and the
-    -- argument, not just the tensor
-    T.raises(function() ops.sum(gone) end, "sum: argument 2: tensor 'freed_grad' used after free()")
-    T.raises(function() gone:fill_(1) end, "fill_: argument 1: tensor 'freed_grad' used after free()")
-    T.raises(function() ops.sum(x, 1, {out = 'nope'}) end, 'argument 1: expected a tensor, got string')
+    -- the binding's check names the op (as Lua called it: the wrapper after a tail call), the
+    -- tensor and its shape (not the C function's argument number, which is not the caller's)
+    T.raises(function() ops.sum(gone) end, "sum: tensor 'freed_grad' (3) used after free()")
+    T.raises(function() gone:fill_(1) end, "fill_: tensor 'freed_grad' (3) used after free()")
+    T.raises(function() ops.sum(x, 1, {out = 'nope'}) end, 'sum: expected a tensor, got string')
     T.raises(function() ops.global_norm({x, gone}) end, 'freed_grad')
     -- a sum of all of x into a 0-dim tensor equals item()
     T.close(ops.sum(lunar.zeros(0)), {0}, {atol = 0})

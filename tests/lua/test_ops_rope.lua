@@ -240,7 +240,7 @@ T:test('bad arguments are reported', function()
     T.raises(function() ops.rope(x, pos, freq, {layout = 'sideways'}) end, "unknown layout 'sideways'")
     T.raises(function() ops.rope(x, lunar.arange(4), freq) end, 'must be i32 or i64, not f32')
     T.raises(function() ops.rope(x, pos, freq, {out = lunar.zeros(4, 2, 9)}) end, 'has shape (4, 2, 9), expected (4, 2, 8)')
-    T.raises(function() ops.rope_backward(lunar.zeros(4, 2, 8, 'i32'), pos, freq) end, "dout 'tensor' must be a float tensor")
+    T.raises(function() ops.rope_backward(lunar.zeros(4, 2, 8, 'i32'), pos, freq) end, "dout 'tensor' (4, 2, 8) must be a float tensor")
 end)
 
 os.exit(T:run())
