@@ -24,6 +24,23 @@ static int l_empty(lua_State *L) {
     return 1;
 }
 
+/* NULL if v fits integer dtype dt exactly (float dtypes round: always fine), else why not: a
+ * value out of the dtype's range would wrap, and a fraction would be cut off, without a word */
+static const char *int_misfit(lunar_dtype dt, double v) {
+    double lo, hi;
+    switch (dt) {
+    case LUNAR_DTYPE_I8: lo = -128, hi = 127; break;
+    case LUNAR_DTYPE_U8: lo = 0, hi = 255; break;
+    case LUNAR_DTYPE_I32: lo = -2147483648.0, hi = 2147483647.0; break;
+    /* hi 2^63 itself: a Lua number cannot say 2^63 - 1, so that value stores as INT64_MAX */
+    case LUNAR_DTYPE_I64: lo = -9223372036854775808.0, hi = 9223372036854775808.0; break;
+    default: return NULL;
+    }
+    if (v != v || v < lo || v > hi) return "out of range";
+    if (v != floor(v)) return "not an integer";
+    return NULL;
+}
+
 /* core.from_flat(values, shape, dtype, device): values is a flat Lua array in row-major order */
 static int l_from_flat(lua_State *L) {
     luaL_checktype(L, 1, LUA_TTABLE);
@@ -47,6 +64,9 @@ static int l_from_flat(lua_State *L) {
         double v = lua_isboolean(L, -1) ? (double)lua_toboolean(L, -1) : lua_tonumber(L, -1);
         lua_pop(L, 1);
         if (!ok) return lunar_lua_error(L, "tensor: value %lld is not a number", (long long)(i + 1));
+        const char *why = int_misfit(dt, v);
+        if (why) return lunar_lua_error(L, "tensor: value %lld (%.17g) is %s for %s", (long long)(i + 1), v, why,
+                                        lunar_dtype_name(dt));
         lunar_dtype_store(dt, p + i * (int64_t)es, v);
     }
     if (lunar_device_is_host(dev)) {
@@ -240,6 +260,10 @@ static int l_expand(lua_State *L) {
 
 static int l_unsqueeze(lua_State *L) {
     lunar_tensor *t = lunar_lua_check_tensor(L, 1);
+    lua_Integer want = luaL_checkinteger(L, 2);
+    if (want == 0 || want > t->ndim + 1 || want < -(t->ndim + 1))
+        lunar_lua_error(L, "unsqueeze: dim %d out of range for a %d-dim tensor (the new dim goes at 1..%d, or -%d..-1)",
+                        (int)want, t->ndim, t->ndim + 1, t->ndim + 1);
     int d = lunar_lua_check_dim(L, 2, t->ndim + 1);
     lunar_tensor *v = lunar_lua_push_empty_tensor(L);
     return view_done(L, lunar_tensor_unsqueeze(lunar_lua_ctx(L), v, t, d));
@@ -317,11 +341,18 @@ static int l_convert(lua_State *L) {
 
 /* ---- element access (slow path: debugging, printing, tests) -------------------------------- */
 
+/* argument i as an integer index: 1.5 is an error, not silently 1 */
+static int64_t check_index_arg(lua_State *L, int i, const char *what) {
+    double v = luaL_checknumber(L, i);
+    if (v != (double)(int64_t)v) lunar_lua_error(L, "%s %g is not an integer", what, v);
+    return (int64_t)v;
+}
+
 static int64_t element_offset(lua_State *L, lunar_tensor *t, int first_arg, int nidx) {
     if (nidx != t->ndim) lunar_lua_error(L, "expected %d indices for a %d-dim tensor, got %d", t->ndim, t->ndim, nidx);
     int64_t off = t->offset;
     for (int i = 0; i < nidx; i++) {
-        int64_t k = (int64_t)luaL_checknumber(L, first_arg + i);
+        int64_t k = check_index_arg(L, first_arg + i, "index");
         if (k < 0) k += t->shape[i] + 1;
         if (k < 1 || k > t->shape[i])
             lunar_lua_error(L, "index %lld out of range for dim %d of size %lld (indices are 1-based)",
@@ -370,6 +401,8 @@ static int l_set(lua_State *L) {
     int top = lua_gettop(L);
     double v = lua_isboolean(L, top) ? (double)lua_toboolean(L, top) : luaL_checknumber(L, top);
     int64_t off = element_offset(L, t, 2, top - 2);
+    const char *why = int_misfit(t->dtype, v);
+    if (why) lunar_lua_error(L, "set: %.17g is %s for %s '%s'", v, why, lunar_dtype_name(t->dtype), lunar_tensor_label(t));
     lunar_ctx *ctx = lunar_lua_ctx(L);
     size_t es = lunar_dtype_size(t->dtype);
     unsigned char buf[8];

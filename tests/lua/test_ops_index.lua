@@ -358,12 +358,18 @@ T:test('shape, dtype and dim errors', function()
     T.raises(function() ops.embedding_backward(lunar.zeros(10, 4), lunar.zeros(2, 4), lunar.tensor({1}, 'i64')) end,
         "dout 'tensor' has shape (2, 4), expected (1, 4)")
     T.raises(function() ops.index_select(w, 1, lunar.tensor({{1}}, 'i64')) end, 'index must be 1-dim')
-    T.raises(function() ops.index_select(w, 3, lunar.tensor({1}, 'i64')) end, 'dim 2 out of range')
+    T.raises(function() ops.index_select(w, 3, lunar.tensor({1}, 'i64')) end, 'dim 3 out of range')
     T.raises(function() ops.index_select(w, 0, lunar.tensor({1}, 'i64')) end, 'dims are 1-based')
     T.raises(function() lunar.zeros(3, 4):index_add_(1, lunar.tensor({0, 1}, 'i64'), lunar.ones(3, 4)) end,
         "src 'tensor' has shape (3, 4), expected (2, 4)")
     T.raises(function() ops.gather(w, 1, lunar.tensor({1}, 'i64')) end, 'index must have as many dims as the data')
     T.raises(function() ops.gather(w, 1, lunar.zeros(2, 5, 'i64')) end, 'index is larger than src in dim 1 (5 > 4)')
+    -- a dim out of range is reported in the caller's (1-based) numbering, for every index op
+    local z2, i2 = lunar.zeros(2, 2), lunar.zeros(2, 2, 'i64')
+    T.raises(function() ops.gather(z2, 3, i2) end, 'gather: dim 3 out of range for a 2-dim tensor of shape (2, 2)')
+    T.raises(function() ops.index_select(z2, -3, lunar.zeros(1, 'i64')) end, 'index_select: dim -3 out of range')
+    T.raises(function() z2:scatter_add_(3, i2, z2) end, 'scatter_add_: dim 3 out of range')
+    T.raises(function() z2:index_add_(5, lunar.zeros(2, 'i64'), z2) end, 'index_add_: dim 5 out of range')
     T.raises(function() lunar.zeros(2, 2):scatter_(1, lunar.zeros(2, 2, 'i64'), lunar.ones(1, 2)) end,
         'index is larger than src in dim 0 (2 > 1)')
     T.raises(function() lunar.zeros(2, 2, 'i32'):scatter_(1, lunar.zeros(1, 1, 'i64'), lunar.ones(1, 1)) end,

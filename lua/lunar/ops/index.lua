@@ -16,9 +16,16 @@ local C = core.ops
 
 local M = {}
 
-local function cdim(dim, name)
+-- the C op's 0-based dim for the 1-based (or negative) dim of t, checked here so that the error
+-- speaks in the caller's numbering
+local function cdim(dim, name, t)
     if type(dim) ~= 'number' or dim == 0 or dim ~= math.floor(dim) then
         tensor.fail(('%s: dim must be a non-zero integer (dims are 1-based), got %s'):format(name, tostring(dim)))
+    end
+    local n = t:dim()
+    if dim > n or dim < -n then
+        tensor.fail(('%s: dim %d out of range for a %d-dim tensor of shape (%s) (dims are 1-based)'):format(name, dim,
+            n, table.concat(t:size(), ', ')))
     end
     return dim > 0 and dim - 1 or dim
 end
@@ -44,7 +51,7 @@ function M.index_select(src, dim, index, opts)
     check(src, 'src', 'index_select')
     check(index, 'index', 'index_select')
     opts = opts or {}
-    local d = cdim(dim, 'index_select')
+    local d = cdim(dim, 'index_select', src)
     local out = opts.out
     if not out then
         local shape = src:size()
@@ -58,7 +65,7 @@ end
 function M.index_add_(dst, dim, index, src, opts)
     check(dst, 'dst', 'index_add_')
     opts = opts or {}
-    return C.index_add(dst, cdim(dim, 'index_add_'), index, src, opts.alpha or 1)
+    return C.index_add(dst, cdim(dim, 'index_add_', dst), index, src, opts.alpha or 1)
 end
 
 function M.gather(src, dim, index, opts)
@@ -66,17 +73,17 @@ function M.gather(src, dim, index, opts)
     check(index, 'index', 'gather')
     opts = opts or {}
     local out = opts.out or core.empty(index:size(), src:dtype(), src:device())
-    return C.gather(out, src, cdim(dim, 'gather'), index)
+    return C.gather(out, src, cdim(dim, 'gather', src), index)
 end
 
 function M.scatter_(dst, dim, index, src)
     check(dst, 'dst', 'scatter_')
-    return C.scatter(dst, cdim(dim, 'scatter_'), index, src)
+    return C.scatter(dst, cdim(dim, 'scatter_', dst), index, src)
 end
 
 function M.scatter_add_(dst, dim, index, src)
     check(dst, 'dst', 'scatter_add_')
-    return C.scatter_add(dst, cdim(dim, 'scatter_add_'), index, src)
+    return C.scatter_add(dst, cdim(dim, 'scatter_add_', dst), index, src)
 end
 
 return M
