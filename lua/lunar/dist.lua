@@ -287,10 +287,28 @@ Layout.__index = Layout
 
 -- layout{tp=, pp=, ep=, cp=}: every rank calls it with the same spec (it splits the world,
 -- which is collective); the same spec again returns the same object.
+-- every rank must ask for the same layout: the group splits would otherwise pair ranks that
+-- think in different layouts, and later collectives would run on groups of the wrong size
+local function check_same_layout(w, p, key)
+    if w:size() == 1 then return end
+    local mine = {p.tp, p.cp, p.dp, p.pp, p.ep}
+    local all = M.all_gather(tensor.api.tensor(mine, 'i64'), {group = w}):tolist_flat()
+    for r = 0, w:size() - 1 do
+        for i = 1, 5 do
+            if all[r * 5 + i] ~= mine[i] then
+                fail(('layout: the ranks disagree: rank %d asks for %s, rank %d for tp=%d cp=%d dp=%d pp=%d ep=%d '
+                    .. '(every rank must pass the same spec)'):format(w:rank(), key, r, all[r * 5 + 1], all[r * 5 + 2],
+                    all[r * 5 + 3], all[r * 5 + 4], all[r * 5 + 5]))
+            end
+        end
+    end
+end
+
 function M.layout(spec)
     local w = M.init()
     local p = M.plan(spec, w:size())
     local key = ('tp=%d cp=%d dp=%d pp=%d ep=%d'):format(p.tp, p.cp, p.dp, p.pp, p.ep)
+    check_same_layout(w, p, key)   -- before the cache: a cached layout on one rank must not skip it
     if layouts[key] then return layouts[key] end
     local me = w:rank()
     local lay = setmetatable({tp = p.tp, cp = p.cp, dp = p.dp, pp = p.pp, ep = p.ep, edp = p.edp,

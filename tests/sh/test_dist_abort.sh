@@ -70,6 +70,25 @@ local d = require("lunar").dist
 if d.rank() == 2 then io.stderr:write("[rank 2/4] boom on rank 2\n"); os.exit(3) end
 d.barrier()'
 
+# rank 2 asks for another layout than the others: every rank fails, naming both layouts, instead
+# of running later collectives on groups of the wrong size
+start=$(date +%s)
+timeout 60 mpirun --allow-run-as-root --oversubscribe -np 4 -x LUNAR_THREADS=1 -x OMP_NUM_THREADS=1 "$LUNAR" -e '
+local lunar = require("lunar")
+local d = lunar.dist
+local lay = d.layout{tp = d.rank() == 2 and 4 or 2}
+d.all_reduce(lunar.ones(2), {group = lay:group("tp")})' >"$OUT" 2>&1
+rc=$?
+secs=$(( $(date +%s) - start ))
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$secs" -le 30 ] &&
+    grep -q 'layout: the ranks disagree: rank 2 asks for tp=4 cp=1 dp=1 pp=1 ep=1, rank 0 for tp=2' "$OUT"; then
+    echo "ok    ranks asking for different layouts fail (rc $rc, ${secs} s)"
+else
+    echo "FAIL  ranks asking for different layouts: rc $rc, ${secs} s"
+    sed 's/^/      /' "$OUT"
+    fail=1
+fi
+
 # a clean run with os.exit(0) still ends cleanly (MPI is finalised first)
 start=$(date +%s)
 if timeout 60 mpirun --allow-run-as-root --oversubscribe -np 4 "$LUNAR" -e '
