@@ -77,8 +77,8 @@ static void push_args(lua_State *L, const char *script, int argc, char **argv, i
     lua_newtable(L);
     int n = 0;
     for (int i = first; i < argc; i++) {
-        const char *eq = strchr(argv[i], '=');
-        if (!eq || eq == argv[i] || argv[i][0] == '-') continue;
+        /* only dotted.key=value: an argument like a URL with '=' in it stays a plain argument */
+        if (!looks_like_override(argv[i])) continue;
         lua_pushstring(L, argv[i]);
         lua_rawseti(L, -2, ++n);
     }

@@ -28,7 +28,13 @@ function M.parse(list)
         if not key then error(('override %q is not key=value'):format(item), 2) end
         local node = out
         local parts = {}
-        for p in key:gmatch('[^%.]+') do parts[#parts + 1] = p end
+        for p in (key .. '.'):gmatch('([^%.]*)%.') do
+            if not p:match('^[%a_][%w_]*$') then
+                error(('override %q: key %q is not a dotted name (each part a letter or _ then letters, '
+                    .. 'digits or _)'):format(item, key), 2)
+            end
+            parts[#parts + 1] = p
+        end
         for i = 1, #parts - 1 do
             local k = parts[i]
             if node[k] == nil then node[k] = {} end

@@ -231,6 +231,10 @@ T:test('config overrides parse and merge', function()
     local cfg = lunar.config
     local o = cfg.parse({'train.steps=10', 'model.path=/x', 'optim.betas=[0.9,0.95]', 'debug=true'})
     assert(o.train.steps == 10 and o.model.path == '/x' and o.optim.betas[2] == 0.95 and o.debug == true)
+    -- keys are dotted names: empty parts and parts starting with a digit are errors, not merged
+    for _, bad in ipairs({'a..b=3', '.x=1', 'x.=2', '1a=2', 'a.2b=1'}) do
+        T.raises(function() cfg.parse({bad}) end, 'is not a dotted name')
+    end
     local merged = cfg.merge({train = {steps = 1, lr = 0.1}}, {train = {steps = 5}})
     assert(merged.train.steps == 5 and merged.train.lr == 0.1)
     T.raises(function() cfg.merge({train = {steps = 1}}, {train = {stpes = 5}}) end, 'unknown config key "train.stpes"')

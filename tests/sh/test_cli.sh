@@ -47,6 +47,12 @@ run "$LUNAR" -e 'x = ('
 expect_rc 1 "-e with a syntax error"
 expect_err "(command line)"
 
+# only dotted.key=value arguments are overrides: one with '=' elsewhere (a URL) stays an argument
+printf 'print(#arg, arg[2], require("lunar").config.overrides().steps)\n' > "$TMP/args.lua"
+run "$LUNAR" "$TMP/args.lua" steps=2 'http://h/?a=b'
+expect_rc 0 "a URL argument next to an override"
+[ "$(cat "$TMP/out")" = "2	http://h/?a=b	2" ] || fail "a URL argument: printed '$(cat "$TMP/out")'"
+
 # dotted overrides after -e belong to the code (they are not a script to run)
 run "$LUNAR" -e 'local o = require("lunar").config.overrides(); print(o.a.b + o.n)' a.b=3 n=4
 expect_rc 0 "-e with overrides"
