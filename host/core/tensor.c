@@ -74,8 +74,14 @@ lunar_status lunar_tensor_new(lunar_ctx *ctx, lunar_tensor *t, lunar_dtype dt, l
                               const int64_t *shape) {
     LUNAR_TRY(check_shape(ctx, ndim, shape, dt, "new tensor"));
     lunar_storage *s;
-    LUNAR_TRY(lunar_storage_new(ctx, &s, dev, (size_t)shape_numel(ndim, shape) * lunar_dtype_size(dt)));
-    lunar_status st = lunar_tensor_from_storage(ctx, t, s, dt, 0, ndim, shape);
+    lunar_status st = lunar_storage_new(ctx, &s, dev, (size_t)shape_numel(ndim, shape) * lunar_dtype_size(dt));
+    if (st != LUNAR_OK) {   /* say which tensor asked for the memory */
+        char sh[160];
+        lunar_shape_format(ndim, shape, sh, sizeof sh);
+        lunar_ctx_prefix_error(ctx, "new %s tensor of shape %s", lunar_dtype_name(dt), sh);
+        return st;
+    }
+    st = lunar_tensor_from_storage(ctx, t, s, dt, 0, ndim, shape);
     lunar_storage_release(ctx, s);
     return st;
 }
