@@ -114,6 +114,7 @@ end
 function M.all_gather(t, opts)
     opts = opts_of(opts, 'all_gather')
     check_tensor(t, 'all_gather')
+    if t:dim() == 0 then fail('all_gather: a 0-dim tensor has no rows to stack (view it as (1) first)') end
     local g = group_of(opts, 'all_gather')
     local out = opts.out or with_rows(t, t:size(1) * g:size())
     return C.all_gather(g, out, t)

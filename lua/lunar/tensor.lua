@@ -110,12 +110,14 @@ function api.randint(lo, hi, shape, opts)
     return named(rng_of(opts):randint_(core.empty(shape, opts.dtype or 'i64', opts.device), lo, hi), opts)
 end
 
--- lunar.tensor({{1, 2}, {3, 4}}, opts): from nested Lua tables (rows of equal length)
+-- lunar.tensor({{1, 2}, {3, 4}}, opts): from nested Lua tables (rows of equal length); f32
+-- unless opts.dtype says otherwise, bool when every element is a boolean (as torch.tensor)
 function api.tensor(data, opts)
     if type(opts) == 'string' then opts = {dtype = opts} end
     opts = opts or {}
     if type(data) == 'number' or type(data) == 'boolean' then
-        return named(core.from_flat({data}, {}, opts.dtype, opts.device), opts)
+        local dt = opts.dtype or (type(data) == 'boolean' and 'bool' or nil)
+        return named(core.from_flat({data}, {}, dt, opts.device), opts)
     end
     if type(data) ~= 'table' then fail('tensor: expected a number or a nested table, got ' .. type(data)) end
     local shape, flat = {}, {}
@@ -138,7 +140,13 @@ function api.tensor(data, opts)
         for i = 1, #t do walk(t[i], depth + 1, path .. '[' .. i .. ']') end
     end
     walk(data, 1, 'data')
-    return named(core.from_flat(flat, shape, opts.dtype, opts.device), opts)
+    local dt = opts.dtype
+    if not dt and #flat > 0 then
+        local all_bool = true
+        for i = 1, #flat do if type(flat[i]) ~= 'boolean' then all_bool = false break end end
+        if all_bool then dt = 'bool' end
+    end
+    return named(core.from_flat(flat, shape, dt, opts.device), opts)
 end
 
 -- ---- methods -------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ T:test('collectives on one rank are no-ops or copies', function()
         d.all_reduce(t, {op = op})
         T.equal(t:tolist_flat(), {1, 2, 3, 4}, op)
     end
+    T.raises(function() d.all_gather(lunar.tensor(3)) end, 'all_gather: a 0-dim tensor has no rows')
     local g = d.all_gather(t:t())
     T.equal(g:size(), {2, 2}, 'all_gather shape')
     T.equal(g:tolist_flat(), {1, 3, 2, 4}, 'all_gather of a transposed view')

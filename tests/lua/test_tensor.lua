@@ -13,6 +13,11 @@ T:test('constructors and metadata', function()
     T.equal(lunar.arange(1, 2, 0.25), {1, 1.25, 1.5, 1.75}, 'arange step')
     T.equal(lunar.full({2}, 7.5), {7.5, 7.5}, 'full')
     assert(lunar.ones(3, 'bf16'):dtype() == 'bf16')
+    -- booleans alone make a bool tensor (torch.tensor does too); mixed with numbers, f32
+    assert(lunar.tensor({true, false}):dtype() == 'bool', 'all-boolean table')
+    assert(lunar.tensor(true):dtype() == 'bool', 'a boolean')
+    assert(lunar.tensor({1, true}):dtype() == 'f32', 'numbers and booleans')
+    T.equal(lunar.tensor({true}, 'f32'):tolist_flat(), {1}, 'booleans into an explicit dtype')
 end)
 
 T:test('views share storage and index 1-based', function()
