@@ -72,9 +72,30 @@ static double finish(lunar_reduce_op op, double s, int64_t n) {
     return s;
 }
 
+/* i64 x (integer and bool tensors, widened by the host): sum, max or min, exact */
+static void reduce_i64(int64_t *outp, const int64_t *xp, int64_t outer, int64_t n, int64_t inner, lunar_reduce_op op) {
+    int64_t work = outer * n * inner;
+#pragma omp parallel for schedule(static) if (work >= LUNAR_CPU_PAR_MIN)
+    for (int64_t oi = 0; oi < outer * inner; oi++) {
+        const int64_t *base = xp + (oi / inner) * n * inner + oi % inner;   // n values, stride inner
+        int64_t acc = op == LUNAR_REDUCE_SUM ? 0 : base[0];
+        for (int64_t j = 0; j < n; j++) {
+            int64_t v = base[j * inner];
+            if (op == LUNAR_REDUCE_SUM) acc = (int64_t)((uint64_t)acc + (uint64_t)v);   /* wraps like torch */
+            else if (op == LUNAR_REDUCE_MAX) acc = v > acc ? v : acc;
+            else acc = v < acc ? v : acc;
+        }
+        outp[oi] = acc;
+    }
+}
+
 lunar_status lunar_cpu_reduce(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *x, int64_t outer, int64_t n,
                               int64_t inner, lunar_reduce_op op) {
     (void)ctx;
+    if (x->dtype == LUNAR_DTYPE_I64) {
+        reduce_i64(lunar_tensor_data(out), lunar_tensor_data(x), outer, n, inner, op);   // (outer, inner)
+        return LUNAR_OK;
+    }
     const float *xp = lunar_tensor_data(x);   // (outer, n, inner)
     float *outp = lunar_tensor_data(out);      // (outer, inner)
     int is_ext = op == LUNAR_REDUCE_MAX || op == LUNAR_REDUCE_MIN;

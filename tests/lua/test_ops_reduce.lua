@@ -66,6 +66,27 @@ end
 
 local OPS = {'sum', 'mean', 'max', 'min', 'norm'}
 
+T:test('integer and bool tensors: sum (to i64), max and min, exact', function()
+    -- counting the tokens that are not ignore_index: a bool sum
+    local labels = lunar.tensor({{-100, 5, 7}, {3, -100, -100}}, 'i64')
+    local n = ops.sum(labels:ne(-100))
+    assert(n:dtype() == 'i64', 'a bool sum is i64, got ' .. n:dtype())
+    T.equal(n:item(), 3, 'count of kept tokens')
+    T.equal(ops.sum(labels, 1), {-97, -95, -93}, 'i64 sum over dim 1')
+    T.equal(ops.sum(labels, 2, {keepdim = true}):size(), {2, 1}, 'keepdim')
+    T.equal(ops.sum(labels, 2), {-88, -197}, 'i64 sum over dim 2')
+    -- past 2^53, where an f64 sum would round: exact in i64
+    local big = lunar.tensor({2 ^ 53, 1, 1}, 'i64')
+    T.equal(ops.sum(big):tolist_flat()[1] - 2 ^ 53, 2, 'exact past 2^53')
+    local i32 = lunar.tensor({{4, -9}, {2, 8}}, 'i32')
+    local mx, mn = ops.max(i32), ops.min(i32)
+    assert(mx:dtype() == 'i32' and mn:dtype() == 'i32', 'max and min keep the dtype')
+    T.equal(mx:item(), 8, 'i32 max')
+    T.equal(mn:item(), -9, 'i32 min')
+    T.equal(ops.sum(lunar.zeros(0, 'u8')):item(), 0, 'empty sum')
+    T.raises(function() ops.sum(labels, {out = lunar.empty({})}) end, "must be an integer tensor for an integer x")
+end)
+
 T:test('every reduction over every dim of 3-D tensors and over everything, keepdim or not', function()
     for _, shape in ipairs({{3, 17, 5}, {1, 3, 1}, {2, 1, 4}}) do
         local x = lunar.randn(shape)
@@ -310,7 +331,8 @@ T:test('errors name the op, the tensor and the problem', function()
     T.raises(function() ops.max(x, -4) end, 'out of range')
     T.raises(function() ops.sum(x, 2, {out = lunar.empty({2, 5})}) end, "expected (2, 1, 4) or (2, 4)")
     T.raises(function() ops.sum(x, {out = lunar.empty({2})}) end, 'expected one element')
-    T.raises(function() ops.sum(lunar.zeros(3, {dtype = 'i64'})) end, 'must be a float tensor')
+    T.raises(function() ops.mean(lunar.zeros(3, {dtype = 'i64'})) end, 'must be a float tensor')
+    T.raises(function() ops.norm(lunar.zeros(3, {dtype = 'bool'})) end, 'must be a float tensor')
     T.raises(function() ops.max(lunar.zeros(0, 3), 1) end, 'empty')
     -- min and argmin run through topk; their errors must still name min / argmin, not topk
     local e = T.raises(function() ops.min(lunar.zeros(0, 3), 1) end, 'min: cannot take the min of an empty extent')

@@ -106,7 +106,9 @@ const char *lunar_reduce_op_name(lunar_reduce_op op);
 int lunar_reduce_op_from_name(const char *name, lunar_reduce_op *out);
 
 /* out = reduce(x) over dim (or LUNAR_ALL_DIMS). out has x's shape with dim removed or kept as 1
- * (keepdim); for ALL_DIMS out has one element. Sums accumulate in f64 on CPU, in a fixed order. */
+ * (keepdim); for ALL_DIMS out has one element. Sums accumulate in f64 on CPU, in a fixed order.
+ * An integer or bool x (CPU only) takes SUM, MAX and MIN, computed exactly in i64 into an integer
+ * out. */
 lunar_status lunar_reduce(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *x, int dim,
                           lunar_reduce_op op);
 /* dx = d reduce / dx * dy; y is the forward output (needed for MAX/MIN/NORM). The gradient of

@@ -1,7 +1,9 @@
 -- lunar.ops.reduce: reductions over one dim or over everything, their backward, cumsum, argmax
 -- and the global norm of a list of tensors. Dims are 1-based; negative dims count from the end.
 --
---   sum(x[, dim][, {keepdim=false, out=}])   mean, norm (L2) likewise; without dim: a 0-dim tensor
+--   sum(x[, dim][, {keepdim=false, out=}])   mean, norm (L2) likewise; without dim: a 0-dim tensor.
+--       Integer and bool x (CPU): sum gives i64 (a bool sum counts), max/min without dim keep the
+--       dtype, all exact; mean and norm need a float x.
 --   max(x[, dim][, opts])   without dim: 0-dim value; with dim: values, indices (i64, 0-based, first max)
 --   min(x[, dim][, opts])   likewise (with dim, NaN entries are skipped unless the whole slice is NaN)
 --   argmax(x[, dim][, opts]) / argmin      i64 indices, 0-based (without dim: into the flattened x)
@@ -58,12 +60,17 @@ end
 
 local check = tensor.check
 
+local FLOAT_DTYPES = {f32 = true, f64 = true, bf16 = true, f16 = true, f8e4m3 = true, f8e5m2 = true}
+
 local function reduction(op)
     return function(x, dim, opts)
         check(x, 'x', op)
         dim, opts = dim_opts(dim, opts)
         local d = dim ~= nil and cdim(op, x, dim) or nil
-        local out = opts.out or core.empty(reduced_shape(x, d, opts.keepdim), x:dtype(), x:device())
+        -- an integer or bool sum is i64 (as in torch); max and min keep x's dtype
+        local dt = x:dtype()
+        if op == 'sum' and not FLOAT_DTYPES[dt] then dt = 'i64' end
+        local out = opts.out or core.empty(reduced_shape(x, d, opts.keepdim), dt, x:device())
         return C.reduce(out, x, d, op)
     end
 end
