@@ -160,7 +160,8 @@ int main(int argc, char **argv) {
     }
     /* -i opens the REPL after the script even when it failed (as python -i does), with what the
      * script had defined by then; the exit status stays the script's */
-    if (interactive && !repl_ran) {
+    /* (not for a failed rank of a multi-rank job: the other ranks would wait on its REPL) */
+    if (interactive && !repl_ran && !(rc != 0 && lunar_dist_env_size() > 1)) {
         lua_settop(L, 0);
         lua_pushnil(L);   /* --repl-on-error is about the script: errors typed at the REPL are just shown */
         lua_setfield(L, LUA_REGISTRYINDEX, "lunar.repl_on_error");

@@ -84,10 +84,11 @@ end
 -- Build the recipe table for `kind` from the preset and the command line.
 function M.recipe(kind, overrides)
     if overrides == nil then
-        -- every argument of a recipe is key=value: a bare word is a mistake, not something to skip
+        -- every argument of a recipe is dotted.key=value: anything else (a bare word, a key like
+        -- train.step-s or train..steps) is a mistake, not something to skip
         for i = 1, #(arg or {}) do
-            if not arg[i]:find('=', 1, true) or arg[i]:sub(1, 1) == '-' then
-                error(("recipe argument %q is not key=value (e.g. train.steps=100)"):format(arg[i]), 0)
+            if not lunar.config.is_override(arg[i]) then
+                error(("recipe argument %q is not key=value with a dotted key (e.g. train.steps=100)"):format(arg[i]), 0)
             end
         end
         overrides = lunar.config.overrides()

@@ -82,7 +82,8 @@ static double largest_below(lunar_dtype dt, double hi) {
 
 lunar_status lunar_rng_uniform(lunar_ctx *ctx, lunar_tensor *out, lunar_rng *r, double lo, double hi) {
     if (!(lo <= hi))
-        return LUNAR_FAIL(ctx, LUNAR_ERR_ARG, "uniform: lo %g is above hi %g for '%s'", lo, hi, lunar_tensor_label(out));
+        return LUNAR_FAIL(ctx, LUNAR_ERR_ARG, "uniform: [lo %g, hi %g) is not a range (lo must be <= hi) for '%s'", lo, hi,
+                          lunar_tensor_label(out));
     /* lo == hi: every draw is lo (as torch) */
     double top = lunar_dtype_is_float(out->dtype) && lo < hi ? largest_below(out->dtype, hi) : hi;
     if (!(top >= lo))

@@ -24,6 +24,14 @@ static int l_empty(lua_State *L) {
     return 1;
 }
 
+/* argument i as an integer position, dim or length: 1.5 is an error, not silently 1 */
+static int64_t check_index_arg(lua_State *L, int i, const char *what) {
+    double v = luaL_checknumber(L, i);
+    if (v != floor(v)) lunar_lua_error(L, "%s %g is not an integer", what, v);
+    if (v >= 9223372036854775808.0 || v < -9223372036854775808.0) lunar_lua_error(L, "%s %g is out of range", what, v);
+    return (int64_t)v;
+}
+
 /* NULL if v fits integer dtype dt exactly (float dtypes round: always fine), else why not: a
  * value out of the dtype's range would wrap, and a fraction would be cut off, without a word */
 static const char *int_misfit(lunar_dtype dt, double v) {
@@ -176,7 +184,7 @@ static int view_done(lua_State *L, lunar_status st) {
 static int l_narrow(lua_State *L) {
     lunar_tensor *t = lunar_lua_check_tensor(L, 1);
     int d = lunar_lua_check_dim(L, 2, t->ndim);
-    int64_t start = (int64_t)luaL_checknumber(L, 3), len = (int64_t)luaL_checknumber(L, 4);
+    int64_t start = check_index_arg(L, 3, "narrow: start"), len = check_index_arg(L, 4, "narrow: length");
     if (start < 1 || len < 0 || start - 1 > t->shape[d] || len > t->shape[d] - (start - 1)) {
         char sh[128];
         lunar_tensor_shape_str(t, sh, sizeof sh);
@@ -191,7 +199,7 @@ static int l_narrow(lua_State *L) {
 static int l_select(lua_State *L) {
     lunar_tensor *t = lunar_lua_check_tensor(L, 1);
     int d = lunar_lua_check_dim(L, 2, t->ndim);
-    int64_t idx = (int64_t)luaL_checknumber(L, 3);
+    int64_t idx = check_index_arg(L, 3, "select: index");
     if (idx == 0) lunar_lua_error(L, "select: index 0 (indices are 1-based; negative counts from the end)");
     if (idx > t->shape[d] || idx < -t->shape[d]) {
         char sh[128];
@@ -260,10 +268,10 @@ static int l_expand(lua_State *L) {
 
 static int l_unsqueeze(lua_State *L) {
     lunar_tensor *t = lunar_lua_check_tensor(L, 1);
-    lua_Integer want = luaL_checkinteger(L, 2);
+    int64_t want = check_index_arg(L, 2, "unsqueeze: dim");
     if (want == 0 || want > t->ndim + 1 || want < -(t->ndim + 1))
-        lunar_lua_error(L, "unsqueeze: dim %d out of range for a %d-dim tensor (the new dim goes at 1..%d, or -%d..-1)",
-                        (int)want, t->ndim, t->ndim + 1, t->ndim + 1);
+        lunar_lua_error(L, "unsqueeze: dim %lld out of range for a %d-dim tensor (the new dim goes at 1..%d, or -%d..-1)",
+                        (long long)want, t->ndim, t->ndim + 1, t->ndim + 1);
     int d = lunar_lua_check_dim(L, 2, t->ndim + 1);
     lunar_tensor *v = lunar_lua_push_empty_tensor(L);
     return view_done(L, lunar_tensor_unsqueeze(lunar_lua_ctx(L), v, t, d));
@@ -341,12 +349,6 @@ static int l_convert(lua_State *L) {
 
 /* ---- element access (slow path: debugging, printing, tests) -------------------------------- */
 
-/* argument i as an integer index: 1.5 is an error, not silently 1 */
-static int64_t check_index_arg(lua_State *L, int i, const char *what) {
-    double v = luaL_checknumber(L, i);
-    if (v != (double)(int64_t)v) lunar_lua_error(L, "%s %g is not an integer", what, v);
-    return (int64_t)v;
-}
 
 static int64_t element_offset(lua_State *L, lunar_tensor *t, int first_arg, int nidx) {
     if (nidx != t->ndim) lunar_lua_error(L, "expected %d indices for a %d-dim tensor, got %d", t->ndim, t->ndim, nidx);

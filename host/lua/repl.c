@@ -131,6 +131,7 @@ static void on_interrupt(int sig) {
 /* run the loaded chunk under the traceback handler, Ctrl-C interrupting it (tty only) */
 static int run_chunk(lua_State *L, int tty) {
     void (*previous)(int) = SIG_DFL;
+    lua_State *outer = running_state;   /* a REPL nested in a running chunk (core.repl) */
     if (tty) {
         running_state = L;
         previous = signal(SIGINT, on_interrupt);
@@ -138,8 +139,8 @@ static int run_chunk(lua_State *L, int tty) {
     int rc = lunar_vm_pcall(L, 0, LUA_MULTRET);
     if (tty) {
         signal(SIGINT, previous == SIG_ERR ? SIG_DFL : previous);
-        running_state = NULL;
-        lua_sethook(L, NULL, 0, 0);
+        running_state = outer;
+        if (lua_gethook(L) == interrupt_hook) lua_sethook(L, NULL, 0, 0);   /* a user's hook stays */
     }
     return rc;
 }
@@ -245,7 +246,7 @@ void lunar_repl_run(lua_State *L, int env) {
         if (rc == LUA_ERRSYNTAX && is_expr) {   /* report the expression's own error */
             lua_pop(L, 1);
             lua_pushfstring(L, "return %s", code);
-            luaL_loadbuffer(L, lua_tostring(L, -1), lua_objlen(L, -1), "=stdin");
+            rc = luaL_loadbuffer(L, lua_tostring(L, -1), lua_objlen(L, -1), "=stdin");
             lua_remove(L, -2);
         }
 #ifdef LUNAR_WITH_READLINE

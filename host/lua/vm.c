@@ -84,14 +84,8 @@ static int l_clock(lua_State *L) {
 }
 
 static int l_error_site(lua_State *L);
-
-/* core.failure_pending() -> true when --repl-on-error has captured a failing frame and its REPL
- * is still to run (lunar.scope then keeps the scope's tensors alive for it) */
-static int l_failure_pending(lua_State *L) {
-    lua_getfield(L, LUA_REGISTRYINDEX, "lunar.failure_env");
-    lua_pushboolean(L, lua_istable(L, -1));
-    return 1;
-}
+static int l_error_env(lua_State *L);
+static int l_reraise(lua_State *L);
 
 static int l_repl(lua_State *L) {
     int env = lua_istable(L, 1) ? 1 : 0;
@@ -120,8 +114,10 @@ static int open_core(lua_State *L) {
     lua_setfield(L, -2, "clock");
     lua_pushcfunction(L, l_error_site);
     lua_setfield(L, -2, "error_site");
-    lua_pushcfunction(L, l_failure_pending);
-    lua_setfield(L, -2, "failure_pending");
+    lua_pushcfunction(L, l_error_env);
+    lua_setfield(L, -2, "error_env");
+    lua_pushcfunction(L, l_reraise);
+    lua_setfield(L, -2, "reraise");
     return 1;
 }
 
@@ -161,6 +157,7 @@ void lunar_vm_free(lua_State *L) {
  * VM is in its error-handling state, where every error, even one caught by a nested pcall,
  * becomes "error in error handling", so a REPL there could not report its own errors. */
 
+/* pushes a table of the innermost user frame's locals and upvalues */
 static void capture_failure_env(lua_State *L) {
     lua_Debug ar;
     int level;
@@ -190,7 +187,6 @@ static void capture_failure_env(lua_State *L) {
         }
         lua_pop(L, 1);
     }
-    lua_setfield(L, LUA_REGISTRYINDEX, "lunar.failure_env");
 }
 
 int lunar_vm_repl_at_failure(lua_State *L) {
@@ -215,70 +211,120 @@ int lunar_vm_repl_at_failure(lua_State *L) {
     return 1;
 }
 
-/* The traceback of error value 1 from where it was raised (level 2: above the handler); under
- * the "lunar.repl_on_error" flag (once) the failing frame's locals are captured as well. */
-static void traceback_at_error(lua_State *L) {
+/* 1 if the "lunar.repl_on_error" flag is set */
+static int repl_on_error_pending(lua_State *L) {
     lua_getfield(L, LUA_REGISTRYINDEX, "lunar.repl_on_error");
     int repl = lua_toboolean(L, -1);
     lua_pop(L, 1);
-    if (repl) {
-        lua_pushnil(L);
-        lua_setfield(L, LUA_REGISTRYINDEX, "lunar.repl_on_error");   /* once */
-        capture_failure_env(L);
-    }
+    return repl;
+}
+
+/* pushes the traceback of error value 1 from where it was raised (level 2: above the handler) */
+static void traceback_at_error(lua_State *L) {
+    int top = lua_gettop(L);
     lua_getglobal(L, "debug");
     lua_getfield(L, -1, "traceback");
-    if (lua_isstring(L, 1)) lua_pushvalue(L, 1);
-    else if (luaL_callmeta(L, 1, "__tostring") && lua_isstring(L, -1)) {}
-    else lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+    if (lua_isstring(L, 1)) {
+        lua_pushvalue(L, 1);
+    } else if (luaL_callmeta(L, 1, "__tostring") && lua_isstring(L, -1)) {
+    } else {
+        lua_settop(L, top + 2);   /* drop a __tostring result that is not a string */
+        lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+    }
     lua_pushinteger(L, 2);
     lua_call(L, 2, 1);
     lua_remove(L, -2);   /* debug */
 }
 
-/* An error that passed through lunar.scope was given its traceback there, where the failing
- * frames were still on the stack ("lunar.error_site" = {error value, traceback}); by the time
- * scope re-raises it they are gone. Pushes that traceback if error value 1 is the one recorded. */
-static int recorded_traceback(lua_State *L) {
+/* core.reraise(err): how lunar.scope passes an error on after its cleanup. The handlers tell a
+ * re-raise (the error already has its record) from a new error by this function being the one
+ * that raised it, not by the error value: a new error may well have the same value. */
+static int l_reraise(lua_State *L) {
+    lua_settop(L, 1);
+    return lua_error(L);
+}
+
+static int raised_by_reraise(lua_State *L) {
+    lua_Debug ar;
+    if (!lua_getstack(L, 1, &ar)) return 0;
+    lua_getinfo(L, "f", &ar);
+    int yes = lua_tocfunction(L, -1) == l_reraise;
+    lua_pop(L, 1);
+    return yes;
+}
+
+/* The record of the error passing through lunar.scope ("lunar.error_site" = {error value,
+ * traceback, failing frame's locals or nil}), made by core.error_site where the failing frames
+ * were still on the stack; pushes it if error value 1 is being re-raised by a scope, else
+ * pushes nothing and returns 0. */
+static int error_record(lua_State *L) {
+    if (!raised_by_reraise(L)) return 0;
     lua_getfield(L, LUA_REGISTRYINDEX, "lunar.error_site");
     if (lua_istable(L, -1)) {
         lua_rawgeti(L, -1, 1);
         int same = lua_rawequal(L, -1, 1);
         lua_pop(L, 1);
-        if (same) {
-            lua_rawgeti(L, -1, 2);
-            lua_remove(L, -2);
-            return 1;
-        }
+        if (same) return 1;
     }
     lua_pop(L, 1);
     return 0;
 }
 
-/* core.error_site(err) -> err: lunar.scope's message handler. Records err's traceback (and, under
- * --repl-on-error, the failing frame's locals) before the scope unwinds and frees its tensors;
- * the error value itself is returned unchanged, so pcall around a scope sees what was raised. */
+/* core.error_site(err) -> err: lunar.scope's message handler. A new error gets a record: its
+ * traceback and, under --repl-on-error, the failing frame's locals (the scope keeps their
+ * tensors alive past its cleanup). Nothing global changes here: the error may yet be caught;
+ * only the top-level handler turns the record into the failure REPL's frame. The error value
+ * is returned unchanged, so pcall around a scope sees what was raised. */
 static int l_error_site(lua_State *L) {
     lua_settop(L, 1);
-    if (recorded_traceback(L)) {   /* an inner scope recorded it already */
+    if (error_record(L)) {   /* an inner scope re-raising: its record stands */
         lua_pop(L, 1);
         return 1;
     }
-    lua_createtable(L, 2, 0);
+    lua_createtable(L, 3, 0);
     lua_pushvalue(L, 1);
     lua_rawseti(L, -2, 1);
     traceback_at_error(L);
     lua_rawseti(L, -2, 2);
+    if (repl_on_error_pending(L)) {
+        capture_failure_env(L);
+        lua_rawseti(L, -2, 3);
+    }
     lua_setfield(L, LUA_REGISTRYINDEX, "lunar.error_site");
+    return 1;
+}
+
+/* core.error_env(err) -> the failing frame's locals recorded for err, or nil */
+static int l_error_env(lua_State *L) {
+    lua_settop(L, 1);
+    lua_getfield(L, LUA_REGISTRYINDEX, "lunar.error_site");
+    if (!lua_istable(L, -1)) return 0;
+    lua_rawgeti(L, -1, 1);
+    if (!lua_rawequal(L, -1, 1)) return 0;
+    lua_rawgeti(L, -2, 3);
     return 1;
 }
 
 int lunar_vm_traceback(lua_State *L) {
     lua_settop(L, 1);
-    if (recorded_traceback(L)) {
+    int repl = repl_on_error_pending(L);
+    if (repl) {
+        lua_pushnil(L);
+        lua_setfield(L, LUA_REGISTRYINDEX, "lunar.repl_on_error");   /* once */
+    }
+    if (error_record(L)) {
+        if (repl) {
+            lua_rawgeti(L, -1, 3);
+            lua_setfield(L, LUA_REGISTRYINDEX, "lunar.failure_env");
+        }
+        lua_rawgeti(L, -1, 2);
         lua_pushnil(L);
         lua_setfield(L, LUA_REGISTRYINDEX, "lunar.error_site");
         return 1;
+    }
+    if (repl) {
+        capture_failure_env(L);
+        lua_setfield(L, LUA_REGISTRYINDEX, "lunar.failure_env");
     }
     traceback_at_error(L);
     return 1;

@@ -20,6 +20,17 @@ local function parse_value(s)
 end
 M.parse_value = parse_value
 
+-- true if s is dotted.key=value, each key part a letter or _ then letters, digits or _ (the
+-- rule lunar's command line uses to tell overrides from other arguments)
+function M.is_override(s)
+    local key = type(s) == 'string' and s:match('^([^=]*)=') or nil
+    if not key then return false end
+    for p in (key .. '.'):gmatch('([^%.]*)%.') do
+        if not p:match('^[%a_][%w_]*$') then return false end
+    end
+    return true
+end
+
 -- Parse a list of "a.b.c=value" strings into a nested table.
 function M.parse(list)
     local out = {}

@@ -287,7 +287,8 @@ local Layout = {}
 Layout.__index = Layout
 
 -- layout{tp=, pp=, ep=, cp=}: every rank calls it with the same spec (it splits the world,
--- which is collective); the same spec again returns the same object.
+-- which is collective, as is every call: it first checks that the ranks agree); the same spec
+-- again returns the same object.
 -- every rank must ask for the same layout: the group splits would otherwise pair ranks that
 -- think in different layouts, and later collectives would run on groups of the wrong size
 local function check_same_layout(w, p, key)

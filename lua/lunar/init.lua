@@ -44,13 +44,14 @@ function lunar.scope(fn, ...)
     if res[1] then
         local seen = {}
         for i = 2, res.n do keep_returned(res[i], seen) end
-    elseif core.failure_pending() then
-        -- --repl-on-error is about to show the failing frame's locals: leave this scope's
-        -- tensors alive for it (the process ends after that REPL)
-        error(res[2], 0)
+    else
+        -- under --repl-on-error the failing frame's tensors outlive the cleanup, for its REPL
+        -- (kept into the enclosing scope, so a caught error frees them there)
+        local env = core.error_env(res[2])
+        if env then keep_returned(env, {}) end
     end
     core.scope_pop()
-    if not res[1] then error(res[2], 0) end
+    if not res[1] then core.reraise(res[2]) end
     return unpack(res, 2, res.n)
 end
 

@@ -220,7 +220,9 @@ T:test('uniform stays below hi in every float dtype; randint checks its range fi
     local n = lunar.rng(3):uniform_(lunar.empty({100000}, 'bf16'), -2, -1):float()
     assert(n:max():item() == -1.0078125, 'bf16 [-2, -1) max ' .. n:max():item())
     T.equal(lunar.rng(1):uniform_(lunar.empty(3), 0.5, 0.5), {0.5, 0.5, 0.5}, 'lo == hi gives lo')
-    T.raises(function() lunar.rng(1):uniform_(lunar.empty(3), 1, 0) end, 'lo 1 is above hi 0')
+    T.raises(function() lunar.rng(1):uniform_(lunar.empty(3), 1, 0) end, '[lo 1, hi 0) is not a range')
+    T.raises(function() lunar.rng(1):uniform_(lunar.empty(3), 0 / 0, 1) end, 'is not a range')
+    T.raises(function() lunar.arange(5):narrow(1, 1.5, 2) end, 'narrow: start 1.5 is not an integer')
     -- uniform values below the clamp are the same as before it existed: f32 [0, 1) matches u01
     local f = lunar.rng(4):uniform_(lunar.empty(1000), -3, 5)
     assert(f:max():item() < 5 and f:min():item() >= -3, 'f32 [-3, 5)')

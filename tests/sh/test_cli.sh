@@ -64,6 +64,10 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd)
 run "$LUNAR" "$REPO/recipes/sft.lua" foo
 expect_rc 1 "a recipe with a bare argument"
 expect_err 'recipe argument "foo" is not key=value'
+# a mistyped key is refused too, not skipped (the run would otherwise use the default silently)
+run "$LUNAR" "$REPO/recipes/sft.lua" train.step-s=7
+expect_rc 1 "a recipe with a mistyped key"
+expect_err 'recipe argument "train.step-s=7" is not key=value with a dotted key'
 run "$LUNAR" "$REPO/recipes/sft.lua" train.grad_accum=0
 expect_rc 1 "a recipe with grad_accum=0"
 expect_err 'train.grad_accum=0: expected an integer >= 1'
@@ -238,6 +242,24 @@ rc=$?
 expect_rc 1 "--repl-on-error inside lunar.scope"
 grep -q -x 6 "$TMP/out" || { cat "$TMP/out" "$TMP/err" >&2; fail "=acts:sum():item() did not print 6"; }
 grep -q -x 3 "$TMP/out" || fail "=inp:size(2) did not print 3"
+# an error caught after leaving a scope leaves nothing behind: the scopes are popped, and the
+# failure REPL shows the frame of the error that really ended the run, whose traceback is its own
+cat > "$TMP/caught.lua" <<'EOF'
+local lunar = require 'lunar'
+local function f() local caught_local = 1; error('same message', 0) end
+for _ = 1, 3 do pcall(lunar.scope, f) end
+depth = lunar.core.scope_depth()
+local function real() local real_local = 42; error('same message', 0) end
+real()
+EOF
+printf '=depth\n=real_local\n=caught_local\n' |
+    "$LUNAR" --repl-on-error "$TMP/caught.lua" >"$TMP/out" 2>"$TMP/err"
+rc=$?
+expect_rc 1 "--repl-on-error after caught scope errors"
+grep -q -x 0 "$TMP/out" || { cat "$TMP/out" "$TMP/err" >&2; fail "scopes left open after caught errors"; }
+grep -q -x 42 "$TMP/out" || fail "the failure REPL did not show the real failing frame"
+grep -q -x 1 "$TMP/out" && fail "the failure REPL showed the caught error's frame"
+expect_err "caught.lua:6: in main chunk"
 # pcall around a scope gets the error value as raised (no traceback glued to it)
 run "$LUNAR" -e 'local l = require "lunar"
 local ok, e = pcall(l.scope, function() error({code = 7}) end)
