@@ -286,9 +286,6 @@ end
 local Layout = {}
 Layout.__index = Layout
 
--- layout{tp=, pp=, ep=, cp=}: every rank calls it with the same spec (it splits the world,
--- which is collective, as is every call: it first checks that the ranks agree); the same spec
--- again returns the same object.
 -- every rank must ask for the same layout: the group splits would otherwise pair ranks that
 -- think in different layouts, and later collectives would run on groups of the wrong size
 local function check_same_layout(w, p, key)
@@ -306,6 +303,9 @@ local function check_same_layout(w, p, key)
     end
 end
 
+-- layout{tp=, pp=, ep=, cp=}: every rank calls it with the same spec (it splits the world,
+-- which is collective, as is every call: it first checks that the ranks agree); the same spec
+-- again returns the same object.
 function M.layout(spec)
     local w = M.init()
     local p = M.plan(spec, w:size())
