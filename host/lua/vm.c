@@ -106,18 +106,12 @@ static int open_core(lua_State *L) {
     lunar_lua_open_tokenizer(L);
     lua_pushstring(L, LUNAR_VERSION);
     lua_setfield(L, -2, "version");
-    lua_pushcfunction(L, l_overrides);
-    lua_setfield(L, -2, "overrides");
-    lua_pushcfunction(L, l_repl);
-    lua_setfield(L, -2, "repl");
-    lua_pushcfunction(L, l_clock);
-    lua_setfield(L, -2, "clock");
-    lua_pushcfunction(L, l_error_site);
-    lua_setfield(L, -2, "error_site");
-    lua_pushcfunction(L, l_error_env);
-    lua_setfield(L, -2, "error_env");
-    lua_pushcfunction(L, l_reraise);
-    lua_setfield(L, -2, "reraise");
+    static const luaL_Reg fns[] = {
+        {"overrides", l_overrides},   {"repl", l_repl},           {"clock", l_clock},
+        {"error_site", l_error_site}, {"error_env", l_error_env}, {"reraise", l_reraise},
+        {NULL, NULL},
+    };
+    lunar_lua_setfuncs(L, fns);
     return 1;
 }
 

@@ -17,6 +17,14 @@ run() {
     "$@" >"$TMP/out" 2>"$TMP/err" </dev/null
     rc=$?
 }
+# run_input TEXT CMD...: as run, with TEXT (a printf format: \n for newlines) on stdin
+run_input() {
+    text=$1
+    shift
+    # shellcheck disable=SC2059
+    printf "$text" | "$@" >"$TMP/out" 2>"$TMP/err"
+    rc=$?
+}
 expect_rc() {
     [ "$rc" = "$1" ] || { cat "$TMP/out" "$TMP/err" >&2; fail "$2: exit status $rc, want $1"; }
 }
@@ -163,14 +171,12 @@ run "$LUNAR" "$TMP/exits.lua"
 expect_rc 5 "os.exit(5)"
 
 # ---- the script from stdin ('-') -----------------------------------------------------------------
-printf 'print(6 * 7, ...)\n' | "$LUNAR" - one two >"$TMP/out" 2>"$TMP/err"
-rc=$?
+run_input 'print(6 * 7, ...)\n' "$LUNAR" - one two
 expect_rc 0 "a script on stdin"
 [ "$(cat "$TMP/out")" = "$(printf '42\tone\ttwo')" ] || fail "stdin script printed '$(cat "$TMP/out")'"
 
 # ---- the REPL reading piped input (no terminal) ------------------------------------------------
-printf 'answer = 40\n=answer + 2\nerror("oops")\nprint("still " .. "here")\n' | "$LUNAR" -i >"$TMP/out" 2>"$TMP/err"
-rc=$?
+run_input 'answer = 40\n=answer + 2\nerror("oops")\nprint("still " .. "here")\n' "$LUNAR" -i
 expect_rc 0 "lunar -i with piped input"
 grep -q -x 42 "$TMP/out" || fail "piped REPL did not print 42"
 expect_out 'still here'
@@ -189,9 +195,8 @@ step(3)
 EOF
 
 # piped: the REPL reads its lines from stdin; the run still exits 1
-printf '=foo\n=foo + n\nprint(outer)\n=t:numel()\nnosuch()\nprint("alive")\n' |
-    "$LUNAR" --repl-on-error "$TMP/onerror.lua" >"$TMP/out" 2>"$TMP/err"
-rc=$?
+run_input '=foo\n=foo + n\nprint(outer)\n=t:numel()\nnosuch()\nprint("alive")\n' \
+    "$LUNAR" --repl-on-error "$TMP/onerror.lua"
 expect_rc 1 "--repl-on-error (piped), after the REPL"
 expect_err 'onerror.lua:6: step 3 failed (outer value)'
 expect_err "onerror.lua:6: in function 'step'"
@@ -213,8 +218,7 @@ cat > "$TMP/fails.lua" <<'EOF'
 answer = 42
 error('script ' .. 'failed')
 EOF
-printf 'print("after " .. answer)\n' | "$LUNAR" -i "$TMP/fails.lua" >"$TMP/out" 2>"$TMP/err"
-rc=$?
+run_input 'print("after " .. answer)\n' "$LUNAR" -i "$TMP/fails.lua"
 expect_rc 1 "-i with a failing script"
 expect_err 'script failed'
 expect_out 'after 42'
@@ -236,9 +240,7 @@ expect_rc 1 "an error inside lunar.scope"
 expect_err "inscope.lua:4: gemm: a 'tensor' (2, 3) and b 'tensor' (4, 5)"
 expect_err "inscope.lua:4: in function 'step'"
 expect_err "inscope.lua:8: in function <"
-printf '=acts:sum():item()\n=inp:size(2)\n' |
-    "$LUNAR" --repl-on-error "$TMP/inscope.lua" >"$TMP/out" 2>"$TMP/err"
-rc=$?
+run_input '=acts:sum():item()\n=inp:size(2)\n' "$LUNAR" --repl-on-error "$TMP/inscope.lua"
 expect_rc 1 "--repl-on-error inside lunar.scope"
 grep -q -x 6 "$TMP/out" || { cat "$TMP/out" "$TMP/err" >&2; fail "=acts:sum():item() did not print 6"; }
 grep -q -x 3 "$TMP/out" || fail "=inp:size(2) did not print 3"
@@ -252,9 +254,7 @@ depth = lunar.core.scope_depth()
 local function real() local real_local = 42; error('same message', 0) end
 real()
 EOF
-printf '=depth\n=real_local\n=caught_local\n' |
-    "$LUNAR" --repl-on-error "$TMP/caught.lua" >"$TMP/out" 2>"$TMP/err"
-rc=$?
+run_input '=depth\n=real_local\n=caught_local\n' "$LUNAR" --repl-on-error "$TMP/caught.lua"
 expect_rc 1 "--repl-on-error after caught scope errors"
 grep -q -x 0 "$TMP/out" || { cat "$TMP/out" "$TMP/err" >&2; fail "scopes left open after caught errors"; }
 grep -q -x 42 "$TMP/out" || fail "the failure REPL did not show the real failing frame"
