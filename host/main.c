@@ -11,7 +11,6 @@
  * error prints the message with a traceback and exits 1; under mpirun the message carries the
  * rank and the whole job is aborted, so no rank is left waiting in a collective.
  */
-#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,24 +45,6 @@ static void report_error(lua_State *L) {
     fflush(stderr);
 }
 
-/* a dotted override: key(.key)*=value, keys of letters, digits and '_' not starting with a digit */
-static int looks_like_override(const char *a) {
-    const char *p = a;
-    int at_key_start = 1;
-    for (; *p && *p != '='; p++) {
-        int c = (unsigned char)*p;
-        if (c == '.') {
-            if (at_key_start) return 0;
-            at_key_start = 1;
-        } else if (isalpha(c) || c == '_' || (!at_key_start && isdigit(c))) {
-            at_key_start = 0;
-        } else {
-            return 0;
-        }
-    }
-    return *p == '=' && p != a && !at_key_start;
-}
-
 static void push_args(lua_State *L, const char *script, int argc, char **argv, int first) {
     /* arg = {[0] = script, ...}, overrides = {"a.b=1", ...} */
     lua_createtable(L, argc - first, 1);
@@ -78,7 +59,7 @@ static void push_args(lua_State *L, const char *script, int argc, char **argv, i
     int n = 0;
     for (int i = first; i < argc; i++) {
         /* only dotted.key=value: an argument like a URL with '=' in it stays a plain argument */
-        if (!looks_like_override(argv[i])) continue;
+        if (!lunar_vm_is_override(argv[i])) continue;
         lua_pushstring(L, argv[i]);
         lua_rawseti(L, -2, ++n);
     }
@@ -124,7 +105,7 @@ int main(int argc, char **argv) {
         }
     }
     /* after -e, key=value arguments are overrides for the code, not a script to run */
-    if (i < argc && !(code && looks_like_override(argv[i]))) script = argv[i++];
+    if (i < argc && !(code && lunar_vm_is_override(argv[i]))) script = argv[i++];
     if (!script && !code) interactive = 1;
 
     lunar_ctx *ctx = NULL;

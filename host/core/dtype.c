@@ -29,6 +29,17 @@ const char *lunar_dtype_name(lunar_dtype dt) {
 int lunar_dtype_is_float(lunar_dtype dt) { return (unsigned)dt < LUNAR_DTYPE_COUNT && dtype_info[dt].is_float; }
 int lunar_dtype_is_int(lunar_dtype dt) { return (unsigned)dt < LUNAR_DTYPE_COUNT && !dtype_info[dt].is_float; }
 
+int lunar_dtype_int_range(lunar_dtype dt, int64_t *min, int64_t *max) {
+    switch (dt) {
+    case LUNAR_DTYPE_I8: *min = INT8_MIN, *max = INT8_MAX; return 1;
+    case LUNAR_DTYPE_U8: *min = 0, *max = UINT8_MAX; return 1;
+    case LUNAR_DTYPE_BOOL: *min = 0, *max = 1; return 1;
+    case LUNAR_DTYPE_I32: *min = INT32_MIN, *max = INT32_MAX; return 1;
+    case LUNAR_DTYPE_I64: *min = INT64_MIN, *max = INT64_MAX; return 1;
+    default: return 0;
+    }
+}
+
 int lunar_dtype_from_name(const char *name, lunar_dtype *out) {
     static const struct { const char *alias; lunar_dtype dt; } aliases[] = {
         {"float32", LUNAR_DTYPE_F32}, {"float", LUNAR_DTYPE_F32}, {"F32", LUNAR_DTYPE_F32},

@@ -58,15 +58,17 @@ static lunar_status rng_draw(lunar_ctx *ctx, lunar_tensor *out, lunar_rng *r, lu
     return st;
 }
 
-/* The largest value of dtype dt that is < hi (as a double), for float dtypes; -inf if none. The
- * float bit patterns of one sign are ordered like integers, so the neighbour below a value is
- * one pattern away: down for positive values, up for negative ones. */
+/* The largest value of dtype dt that is < hi (as a double), for float dtypes; -inf if none. hi
+ * rounded to dt is its nearest value; if that is not below hi, the one under it is (nothing of
+ * dt lies between hi and its nearest value). The float bit patterns of one sign are ordered
+ * like integers, so that neighbour is one pattern away: down for positive values, up for
+ * negative ones. */
 static double largest_below(lunar_dtype dt, double hi) {
     unsigned char buf[8] = {0};
     size_t es = lunar_dtype_size(dt);
     lunar_dtype_store(dt, buf, hi);
     double r = lunar_dtype_load(dt, buf);
-    for (int step = 0; step < 4 && !(r < hi); step++) {
+    if (!(r < hi)) {
         uint64_t bits = 0;
         memcpy(&bits, buf, es);   /* little-endian host: the low es bytes */
         uint64_t sign = (uint64_t)1 << (8 * es - 1), mag = bits & (sign - 1);
@@ -96,23 +98,11 @@ lunar_status lunar_rng_normal(lunar_ctx *ctx, lunar_tensor *out, lunar_rng *r, d
     return rng_draw(ctx, out, r, LUNAR_RNG_NORMAL, mean, std, 0.0, "normal");
 }
 
-/* the integers an integer dtype holds: [*min, *max]; 0 for float dtypes (any range is allowed,
- * values round as the dtype rounds) */
-static int int_dtype_range(lunar_dtype dt, int64_t *min, int64_t *max) {
-    switch (dt) {
-    case LUNAR_DTYPE_I8: *min = INT8_MIN, *max = INT8_MAX; return 1;
-    case LUNAR_DTYPE_U8: *min = 0, *max = UINT8_MAX; return 1;
-    case LUNAR_DTYPE_BOOL: *min = 0, *max = 1; return 1;
-    case LUNAR_DTYPE_I32: *min = INT32_MIN, *max = INT32_MAX; return 1;
-    case LUNAR_DTYPE_I64: *min = INT64_MIN, *max = INT64_MAX; return 1;
-    default: return 0;
-    }
-}
-
 lunar_status lunar_rng_randint(lunar_ctx *ctx, lunar_tensor *out, lunar_rng *r, int64_t lo, int64_t hi) {
     if (hi <= lo) return LUNAR_FAIL(ctx, LUNAR_ERR_ARG, "randint: empty range [%lld, %lld)", (long long)lo, (long long)hi);
     int64_t min, max;
-    if (int_dtype_range(out->dtype, &min, &max) && (lo < min || hi - 1 > max))
+    /* float dtypes take any range (values round as the dtype rounds) */
+    if (lunar_dtype_int_range(out->dtype, &min, &max) && (lo < min || hi - 1 > max))
         return LUNAR_FAIL(ctx, LUNAR_ERR_ARG, "randint: [%lld, %lld) does not fit %s '%s' (which holds %lld..%lld)",
                           (long long)lo, (long long)hi, lunar_dtype_name(out->dtype), lunar_tensor_label(out),
                           (long long)min, (long long)max);

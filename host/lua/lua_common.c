@@ -69,8 +69,7 @@ int lunar_lua_is_tensor(lua_State *L, int idx) {
  * "fill_" for t:fill_), so argument errors name the op. No argument number: the Lua wrappers
  * pass their outputs first, so the C function's numbering is not the caller's; the tensor's
  * name and shape say which one it is. */
-static void arg_where(lua_State *L, int idx, char *buf, size_t n) {
-    (void)idx;
+static void arg_where(lua_State *L, char *buf, size_t n) {
     lua_Debug ar;
     const char *fn = NULL;
     if (lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar)) fn = ar.name;
@@ -80,7 +79,7 @@ static void arg_where(lua_State *L, int idx, char *buf, size_t n) {
 lunar_tensor *lunar_lua_check_tensor_raw(lua_State *L, int idx) {
     if (!lunar_lua_is_tensor(L, idx)) {
         char where[128];
-        arg_where(L, idx, where, sizeof where);
+        arg_where(L, where, sizeof where);
         lunar_lua_error(L, "%s: expected a tensor, got %s", where, luaL_typename(L, idx));
     }
     return &((lunar_lua_tensor *)lua_touserdata(L, idx))->t;
@@ -91,7 +90,7 @@ lunar_tensor *lunar_lua_check_tensor(lua_State *L, int idx) {
     lunar_ctx *ctx = lunar_lua_ctx(L);
     if (!t->storage || lunar_tensor_check(ctx, t) != LUNAR_OK) {
         char where[128];
-        arg_where(L, idx, where, sizeof where);
+        arg_where(L, where, sizeof where);
         if (!t->storage) lunar_lua_error(L, "%s: tensor '%s' has no storage", where, lunar_tensor_label(t));
         lunar_lua_error(L, "%s: %s", where, lunar_ctx_error(ctx));
     }

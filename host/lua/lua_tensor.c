@@ -32,18 +32,20 @@ static int64_t check_index_arg(lua_State *L, int i, const char *what) {
     return (int64_t)v;
 }
 
-/* NULL if v fits integer dtype dt exactly (float dtypes round: always fine), else why not: a
- * value out of the dtype's range would wrap, and a fraction would be cut off, without a word */
-static const char *int_misfit(lunar_dtype dt, double v) {
-    double lo, hi;
-    switch (dt) {
-    case LUNAR_DTYPE_I8: lo = -128, hi = 127; break;
-    case LUNAR_DTYPE_U8: lo = 0, hi = 255; break;
-    case LUNAR_DTYPE_I32: lo = -2147483648.0, hi = 2147483647.0; break;
-    /* hi 2^63 itself: a Lua number cannot say 2^63 - 1, so that value stores as INT64_MAX */
-    case LUNAR_DTYPE_I64: lo = -9223372036854775808.0, hi = 9223372036854775808.0; break;
-    default: return NULL;
-    }
+/* Values stored into an integer dtype must fit it exactly: out of range they would wrap, and a
+ * fraction would be cut off, without a word. Float dtypes round, and bool takes any value as
+ * true or false: no check. int_store_range gives the range to check, once per tensor; i64's hi
+ * is 2^63 as a double, which admits 2^63 itself: a Lua number cannot say 2^63 - 1, and that
+ * value stores as INT64_MAX. */
+static int int_store_range(lunar_dtype dt, double *lo, double *hi) {
+    int64_t min, max;
+    if (dt == LUNAR_DTYPE_BOOL || !lunar_dtype_int_range(dt, &min, &max)) return 0;
+    *lo = (double)min, *hi = (double)max;
+    return 1;
+}
+
+/* NULL if v fits [lo, hi] as an integer, else why not */
+static const char *int_misfit(double v, double lo, double hi) {
     if (v != v || v < lo || v > hi) return "out of range";
     if (v != floor(v)) return "not an integer";
     return NULL;
@@ -66,13 +68,15 @@ static int l_from_flat(lua_State *L) {
     lunar_lua_check_status(L, lunar_tensor_new(ctx, host, dt, CPU, nd, shape));
     char *p = lunar_tensor_data(host);
     size_t es = lunar_dtype_size(dt);
+    double lo = 0, hi = 0;
+    int check_int = int_store_range(dt, &lo, &hi);
     for (int64_t i = 0; i < n; i++) {
         lua_rawgeti(L, 1, (int)(i + 1));
         int ok = lua_isnumber(L, -1) || lua_isboolean(L, -1);
         double v = lua_isboolean(L, -1) ? (double)lua_toboolean(L, -1) : lua_tonumber(L, -1);
         lua_pop(L, 1);
         if (!ok) return lunar_lua_error(L, "tensor: value %lld is not a number", (long long)(i + 1));
-        const char *why = int_misfit(dt, v);
+        const char *why = check_int ? int_misfit(v, lo, hi) : NULL;
         if (why) return lunar_lua_error(L, "tensor: value %lld (%.17g) is %s for %s", (long long)(i + 1), v, why,
                                         lunar_dtype_name(dt));
         lunar_dtype_store(dt, p + i * (int64_t)es, v);
@@ -272,7 +276,7 @@ static int l_unsqueeze(lua_State *L) {
     if (want == 0 || want > t->ndim + 1 || want < -(t->ndim + 1))
         lunar_lua_error(L, "unsqueeze: dim %lld out of range for a %d-dim tensor (the new dim goes at 1..%d, or -%d..-1)",
                         (long long)want, t->ndim, t->ndim + 1, t->ndim + 1);
-    int d = lunar_lua_check_dim(L, 2, t->ndim + 1);
+    int d = want > 0 ? (int)want - 1 : (int)(want + t->ndim + 1);
     lunar_tensor *v = lunar_lua_push_empty_tensor(L);
     return view_done(L, lunar_tensor_unsqueeze(lunar_lua_ctx(L), v, t, d));
 }
@@ -403,7 +407,8 @@ static int l_set(lua_State *L) {
     int top = lua_gettop(L);
     double v = lua_isboolean(L, top) ? (double)lua_toboolean(L, top) : luaL_checknumber(L, top);
     int64_t off = element_offset(L, t, 2, top - 2);
-    const char *why = int_misfit(t->dtype, v);
+    double lo, hi;
+    const char *why = int_store_range(t->dtype, &lo, &hi) ? int_misfit(v, lo, hi) : NULL;
     if (why) lunar_lua_error(L, "set: %.17g is %s for %s '%s'", v, why, lunar_dtype_name(t->dtype), lunar_tensor_label(t));
     lunar_ctx *ctx = lunar_lua_ctx(L);
     size_t es = lunar_dtype_size(t->dtype);

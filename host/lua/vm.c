@@ -1,4 +1,5 @@
 /* vm.c: VM setup (OpenResty's single setup function), module loading and protected calls. */
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,6 +66,30 @@ static int searcher(lua_State *L) {
     return 1;
 }
 
+/* the rule is in vm.h */
+int lunar_vm_is_override(const char *a) {
+    const char *p = a;
+    int at_key_start = 1;
+    for (; *p && *p != '='; p++) {
+        int c = (unsigned char)*p;
+        if (c == '.') {
+            if (at_key_start) return 0;
+            at_key_start = 1;
+        } else if (isalpha(c) || c == '_' || (!at_key_start && isdigit(c))) {
+            at_key_start = 0;
+        } else {
+            return 0;
+        }
+    }
+    return *p == '=' && p != a && !at_key_start;
+}
+
+/* core.is_override(s) -> lunar_vm_is_override(s) */
+static int l_is_override(lua_State *L) {
+    lua_pushboolean(L, lunar_vm_is_override(luaL_checkstring(L, 1)));
+    return 1;
+}
+
 /* core.overrides() -> {"a.b=1", ...}: the key=value arguments given after the script */
 static int l_overrides(lua_State *L) {
     lua_getfield(L, LUA_REGISTRYINDEX, "lunar.overrides");
@@ -107,9 +132,9 @@ static int open_core(lua_State *L) {
     lua_pushstring(L, LUNAR_VERSION);
     lua_setfield(L, -2, "version");
     static const luaL_Reg fns[] = {
-        {"overrides", l_overrides},   {"repl", l_repl},           {"clock", l_clock},
-        {"error_site", l_error_site}, {"error_env", l_error_env}, {"reraise", l_reraise},
-        {NULL, NULL},
+        {"overrides", l_overrides},   {"is_override", l_is_override}, {"repl", l_repl},
+        {"clock", l_clock},           {"error_site", l_error_site},   {"error_env", l_error_env},
+        {"reraise", l_reraise},       {NULL, NULL},
     };
     lunar_lua_setfuncs(L, fns);
     return 1;

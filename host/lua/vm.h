@@ -27,6 +27,11 @@ int lunar_vm_pcall(lua_State *L, int nargs, int nresults);
 int lunar_vm_dofile(lua_State *L, const char *path, int nargs);
 int lunar_vm_dostring(lua_State *L, const char *code, const char *chunkname);
 
+/* 1 if a is a dotted override, key(.key)*=value with keys of letters, digits and '_' not
+ * starting with a digit: the rule that tells overrides from other arguments, on the command
+ * line (main.c) and for lunar.config (core.is_override). */
+int lunar_vm_is_override(const char *a);
+
 /* The REPL (repl.c): reads lines with readline and history until EOF or os.exit. env: stack
  * index of a table used as the chunks' environment, or 0 for the globals. */
 void lunar_repl_run(lua_State *L, int env);

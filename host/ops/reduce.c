@@ -97,15 +97,16 @@ lunar_status lunar_reduce(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor 
     if (!p.be->reduce) return prep_end(&p, prep_unsupported(&p));
     int64_t outer, n, inner;
     prep_check(&p, out, "out");
-    /* integer and bool tensors: sum (into i64, as torch), max and min, exactly in i64; on the CPU
-     * only for now. mean and norm need a float tensor, as in torch. */
+    /* integer and bool tensors: sum (into i64, as torch), max and min, exactly in i64 (the
+     * compute dtype of an integer), on backends whose reduce takes i64. mean and norm need a
+     * float tensor, as in torch. */
     int exact = lunar_dtype_is_int(x->dtype) &&
                 (op == LUNAR_REDUCE_SUM || op == LUNAR_REDUCE_MAX || op == LUNAR_REDUCE_MIN);
     if (exact && !p.st) {
-        if (p.dev.type != LUNAR_DEVICE_CPU)
+        if (!p.be->int_reduce)
             return prep_end(&p, p.st = LUNAR_FAIL(ctx, LUNAR_ERR_UNSUPPORTED,
-                                                  "%s of an integer tensor runs on the CPU only for now (x is %s)",
-                                                  p.op, lunar_dtype_name(x->dtype)));
+                                                  "%s of an integer tensor is not implemented on the %s backend (x is %s)",
+                                                  p.op, p.be->name, lunar_dtype_name(x->dtype)));
         if (!lunar_dtype_is_int(out->dtype))
             return prep_end(&p, p.st = LUNAR_FAIL(ctx, LUNAR_ERR_DTYPE,
                                                   "%s: out '%s' must be an integer tensor for an integer x, not %s",
@@ -118,7 +119,7 @@ lunar_status lunar_reduce(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor 
     expect_reduced(&p, out, "out", x, dim);
     if (op == LUNAR_REDUCE_MAX || op == LUNAR_REDUCE_MIN) expect_nonempty(&p, x, n, outer, inner, p.op);
     if (p.st) return prep_end(&p, p.st);
-    lunar_dtype dt = exact ? LUNAR_DTYPE_I64 : prep_compute_dtype(&p, x->dtype);
+    lunar_dtype dt = prep_compute_dtype(&p, x->dtype);
     lunar_tensor xw, ow;
     prep_in(&p, &xw, x, "x", dt);
     prep_out(&p, &ow, out, "out", dt, 0);

@@ -44,6 +44,7 @@ static const lunar_backend cpu_backend = {
     .name = "cpu",
     .device_type = LUNAR_DEVICE_CPU,
     .float_dtypes = 1u << LUNAR_DTYPE_F32,
+    .int_reduce = 1,
     .device_count = cpu_device_count,
     .alloc = cpu_alloc,
     .free = cpu_free,

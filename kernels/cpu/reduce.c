@@ -72,20 +72,24 @@ static double finish(lunar_reduce_op op, double s, int64_t n) {
     return s;
 }
 
-/* i64 x (integer and bool tensors, widened by the host): sum, max or min, exact */
+/* i64 x (integer and bool tensors, widened by the host): sum, max or min, exact. Each output row
+ * starts from the first slice and takes the others in turn, so the reads run along inner. */
 static void reduce_i64(int64_t *outp, const int64_t *xp, int64_t outer, int64_t n, int64_t inner, lunar_reduce_op op) {
     int64_t work = outer * n * inner;
 #pragma omp parallel for schedule(static) if (work >= LUNAR_CPU_PAR_MIN)
-    for (int64_t oi = 0; oi < outer * inner; oi++) {
-        const int64_t *base = xp + (oi / inner) * n * inner + oi % inner;   // n values, stride inner
-        int64_t acc = op == LUNAR_REDUCE_SUM ? 0 : base[0];
-        for (int64_t j = 0; j < n; j++) {
-            int64_t v = base[j * inner];
-            if (op == LUNAR_REDUCE_SUM) acc = (int64_t)((uint64_t)acc + (uint64_t)v);   /* wraps like torch */
-            else if (op == LUNAR_REDUCE_MAX) acc = v > acc ? v : acc;
-            else acc = v < acc ? v : acc;
+    for (int64_t o = 0; o < outer; o++) {
+        const int64_t *x = xp + o * n * inner;   // (n, inner)
+        int64_t *acc = outp + o * inner;         // (inner)
+        for (int64_t c = 0; c < inner; c++) acc[c] = op == LUNAR_REDUCE_SUM ? 0 : x[c];
+        for (int64_t j = op == LUNAR_REDUCE_SUM ? 0 : 1; j < n; j++) {
+            const int64_t *row = x + j * inner;
+            if (op == LUNAR_REDUCE_SUM)   /* wraps like torch */
+                for (int64_t c = 0; c < inner; c++) acc[c] = (int64_t)((uint64_t)acc[c] + (uint64_t)row[c]);
+            else if (op == LUNAR_REDUCE_MAX)
+                for (int64_t c = 0; c < inner; c++) acc[c] = row[c] > acc[c] ? row[c] : acc[c];
+            else
+                for (int64_t c = 0; c < inner; c++) acc[c] = row[c] < acc[c] ? row[c] : acc[c];
         }
-        outp[oi] = acc;
     }
 }
 

@@ -21,14 +21,9 @@ end
 M.parse_value = parse_value
 
 -- true if s is dotted.key=value, each key part a letter or _ then letters, digits or _ (the
--- rule lunar's command line uses to tell overrides from other arguments)
+-- rule lunar's command line uses to tell overrides from other arguments: host/lua/vm.c)
 function M.is_override(s)
-    local key = type(s) == 'string' and s:match('^([^=]*)=') or nil
-    if not key then return false end
-    for p in (key .. '.'):gmatch('([^%.]*)%.') do
-        if not p:match('^[%a_][%w_]*$') then return false end
-    end
-    return true
+    return type(s) == 'string' and core.is_override(s)
 end
 
 -- Parse a list of "a.b.c=value" strings into a nested table.
@@ -38,14 +33,12 @@ function M.parse(list)
         local key, value = item:match('^([%w_%.%-]+)=(.*)$')
         if not key then error(('override %q is not key=value'):format(item), 2) end
         local node = out
-        local parts = {}
-        for p in (key .. '.'):gmatch('([^%.]*)%.') do
-            if not p:match('^[%a_][%w_]*$') then
-                error(('override %q: key %q is not a dotted name (each part a letter or _ then letters, '
-                    .. 'digits or _)'):format(item, key), 2)
-            end
-            parts[#parts + 1] = p
+        if not core.is_override(item) then
+            error(('override %q: key %q is not a dotted name (each part a letter or _ then letters, '
+                .. 'digits or _)'):format(item, key), 2)
         end
+        local parts = {}
+        for p in key:gmatch('[^%.]+') do parts[#parts + 1] = p end
         for i = 1, #parts - 1 do
             local k = parts[i]
             if node[k] == nil then node[k] = {} end

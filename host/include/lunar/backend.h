@@ -28,6 +28,7 @@ struct lunar_backend {
     const char *name;
     int         device_type;
     unsigned    float_dtypes;     /* bit (1u << dtype) for each float dtype the kernels take */
+    int         int_reduce;       /* reduce takes i64 x and out (sum, max, min) */
 
     /* devices and memory */
     lunar_status (*device_count)(lunar_ctx *ctx, int *count);

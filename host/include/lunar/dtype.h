@@ -39,6 +39,8 @@ const char *lunar_dtype_name(lunar_dtype dt);       /* "f32", "bf16", ... */
 int         lunar_dtype_from_name(const char *name, lunar_dtype *out); /* 1 if known; accepts torch names too */
 int         lunar_dtype_is_float(lunar_dtype dt);   /* f32 f64 bf16 f16 f8 */
 int         lunar_dtype_is_int(lunar_dtype dt);     /* i8 i32 i64 u8 bool */
+/* the integers an integer dtype holds, [*min, *max] (bool: 0..1); 0 for a float dtype */
+int         lunar_dtype_int_range(lunar_dtype dt, int64_t *min, int64_t *max);
 
 /* ---- scalar conversions ---------------------------------------------------------------- */
 
