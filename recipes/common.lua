@@ -191,7 +191,7 @@ function M.validate(cfg)
     local d, t, o = cfg.data, cfg.train, cfg.optim
     local kinds = {chat = true, prompt_answer = true, text = true, indexed = true}
     if not kinds[d.kind] then bad('data.kind', d.kind, 'expected chat, prompt_answer, text or indexed') end
-    if d.overlong and not ({drop = true, truncate = true, split = true})[d.overlong] then
+    if d.overlong and not require('lunar.data.pack').OVERLONG[d.overlong] then
         bad('data.overlong', d.overlong, 'expected drop, truncate or split')
     end
     if d.kind == 'chat' or d.kind == 'prompt_answer' then

@@ -42,8 +42,10 @@ function lunar.scope(fn, ...)
     -- n counts the results past a nil (#res would stop at the first one)
     local res = pack(xpcall(fn, core.error_site, ...))
     if res[1] then
-        local seen = {}
-        for i = 2, res.n do keep_returned(res[i], seen) end
+        if res.n > 1 then   -- (a training step's scope returns nothing: no table for it)
+            local seen = {}
+            for i = 2, res.n do keep_returned(res[i], seen) end
+        end
     else
         -- under --repl-on-error the failing frame's tensors outlive the cleanup, for its REPL
         -- (kept into the enclosing scope, so a caught error frees them there)

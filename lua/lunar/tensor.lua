@@ -13,6 +13,9 @@ end
 api.is_tensor = M.is_tensor
 
 local function fail(msg) error(core.user_where() .. msg, 0) end
+
+-- the float dtypes (the others are integers and bool)
+M.FLOAT_DTYPES = {f32 = true, f64 = true, bf16 = true, f16 = true, f8e4m3 = true, f8e5m2 = true}
 M.fail = fail
 
 -- x must be a tensor: the error names the op and the argument's role (the op wrappers check

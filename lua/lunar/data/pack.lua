@@ -48,6 +48,7 @@ local Packer = {}
 Packer.__index = Packer
 
 local OVERLONG = {truncate = true, drop = true, split = true}
+M.OVERLONG = OVERLONG   -- the modes for a document longer than seq_len (also data.tokenize's)
 
 local function posint(v, what)
     if type(v) ~= 'number' or v < 1 or v ~= math.floor(v) then

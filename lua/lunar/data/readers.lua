@@ -320,7 +320,7 @@ function M.tokenize(rows, fn, opts)
         rep:bad(...)
     end
     local max_len, overlong = opts.max_len, opts.overlong or 'drop'
-    if overlong ~= 'drop' and overlong ~= 'truncate' and overlong ~= 'split' then
+    if not require('lunar.data.pack').OVERLONG[overlong] then
         fail(("tokenize: overlong must be 'drop', 'truncate' or 'split', got %s"):format(tostring(overlong)))
     end
     local docs = {}

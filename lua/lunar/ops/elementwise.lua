@@ -20,7 +20,7 @@ local M = {}
 
 local is_tensor = tensor.is_tensor
 local fail = tensor.fail
-local floats = {f32 = true, f64 = true, bf16 = true, f16 = true, f8e4m3 = true, f8e5m2 = true}
+local floats = tensor.FLOAT_DTYPES
 
 local function float_dtype(...)
     local dt

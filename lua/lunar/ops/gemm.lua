@@ -15,7 +15,7 @@ local C = core.ops
 
 local M = {}
 
-local floats = {f32 = true, f64 = true, bf16 = true, f16 = true, f8e4m3 = true, f8e5m2 = true}
+local floats = tensor.FLOAT_DTYPES
 
 local function result_dtype(a, b)
     local da, db = a:dtype(), b:dtype()

@@ -60,7 +60,7 @@ end
 
 local check = tensor.check
 
-local FLOAT_DTYPES = {f32 = true, f64 = true, bf16 = true, f16 = true, f8e4m3 = true, f8e5m2 = true}
+local FLOAT_DTYPES = tensor.FLOAT_DTYPES
 
 local function reduction(op)
     return function(x, dim, opts)

@@ -488,7 +488,8 @@ function Manager:prune(saved_step)
                 report(('%s has a later step than the save just written (%d); left in place, but '
                     .. 'resume=auto would choose it'):format(c.dir, saved_step))
             end
-        elseif c.complete and M.check(c.dir, {checksums = false}) then
+        -- (the save just written was checked as it was written)
+        elseif c.complete and (c.step == saved_step or M.check(c.dir, {checksums = false})) then
             kept = kept + 1
             if kept > self.keep_last and c.step ~= saved_step then
                 fs.remove_tree(c.dir)

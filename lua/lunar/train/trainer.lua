@@ -216,8 +216,7 @@ function M.run(cfg)
         warmup_steps = cfg.metrics.warmup_steps, flops_per_token = flops.training_per_token(model.cfg, seq),
         peak_flops = cfg.metrics.peak_flops, progress = (not cfg.quiet) and cfg.metrics.progress, log_every = cfg.train.log_every,
         -- skipped and NaN steps count over the whole run, resumes included
-        counts = st and st.metrics
-            and {skipped_steps = st.metrics.skipped_steps, nan_steps = st.metrics.nan_steps} or nil,
+        counts = st and st.metrics or nil,
         -- on a device, the peak of lunar's pool there (the process's resident memory says nothing about it)
         memory = model:device() ~= 'cpu' and model:device() or nil,
         tensorboard = cfg.metrics.tensorboard == false and false or nil}
