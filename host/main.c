@@ -4,6 +4,7 @@
  *   lunar -e 'code'                                  run a string
  *   lunar -i [script.lua ...]                        REPL (after the script, if one is given)
  *   lunar --repl-on-error script.lua                 on error, a REPL at the failure
+ *   lunar --traceback script.lua                     tracebacks for user errors too
  *   lunar --version
  *
  * Everything after the script name belongs to the script: `arg` holds it (arg[0] is the script)
@@ -28,6 +29,7 @@ static void usage(FILE *f) {
             "  -e CODE           run CODE (before the script)\n"
             "  -i                interactive REPL (after the script, if any, even if it failed)\n"
             "  --repl-on-error   open the REPL at the failure if the script raises an error\n"
+            "  --traceback       show the traceback of a user error (a bad setting, a missing file) too\n"
             "  --threads N       CPU threads for kernels (default: LUNAR_THREADS or all cores)\n"
             "  --version         print the version\n"
             "  -h, --help        this help\n"
@@ -68,7 +70,7 @@ static void push_args(lua_State *L, const char *script, int argc, char **argv, i
 
 int main(int argc, char **argv) {
     const char *code = NULL, *script = NULL;
-    int interactive = 0, repl_on_error = 0, threads = 0, i;
+    int interactive = 0, repl_on_error = 0, traceback = 0, threads = 0, i;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--version") == 0) {
@@ -81,6 +83,8 @@ int main(int argc, char **argv) {
             interactive = 1;
         } else if (strcmp(a, "--repl-on-error") == 0) {
             repl_on_error = 1;
+        } else if (strcmp(a, "--traceback") == 0) {
+            traceback = 1;
         } else if (strcmp(a, "-e") == 0) {
             if (++i >= argc) { fprintf(stderr, "lunar: -e needs an argument\n"); return 2; }
             code = argv[i];
@@ -124,6 +128,10 @@ int main(int argc, char **argv) {
     if (repl_on_error) {
         lua_pushboolean(L, 1);
         lua_setfield(L, LUA_REGISTRYINDEX, "lunar.repl_on_error");
+    }
+    if (traceback) {
+        lua_pushboolean(L, 1);
+        lua_setfield(L, LUA_REGISTRYINDEX, "lunar.traceback");
     }
 
     int rc = 0;

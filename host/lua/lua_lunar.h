@@ -74,6 +74,7 @@ void lunar_lua_open_io(lua_State *L);
 void lunar_lua_open_fs(lua_State *L);   /* core.fs and core.tb (lua_fs.c) */
 void lunar_lua_open_data(lua_State *L);
 void lunar_lua_open_tokenizer(lua_State *L);
+void lunar_lua_open_signal(lua_State *L);   /* core.signal: a graceful stop on SIGTERM / SIGINT */
 
 /* Process-level hooks of lunar.dist used by main.c: rank and world size as launched (from the
  * launcher's environment, before or without MPI init), a clean shutdown, and the abort that ends

@@ -109,8 +109,60 @@ static int l_clock(lua_State *L) {
 }
 
 static int l_error_site(lua_State *L);
-static int l_error_env(lua_State *L);
+static int l_error_stack(lua_State *L);
 static int l_reraise(lua_State *L);
+
+/* ---- user errors ------------------------------------------------------------------------------
+ *
+ * A user's mistake (a bad setting, a missing file, a wrong template) is reported as its one-line
+ * message, without a traceback into lunar's library: core.user_error(msg) records the message in
+ * the registry set "lunar.user_errors" and raises it. Errors stay plain strings, so a pcall that
+ * catches one sees the message as before; the top-level handler (lunar_vm_traceback) leaves the
+ * traceback off a message in the set unless the registry flag "lunar.traceback" (lunar
+ * --traceback) is set. */
+static int l_user_error(lua_State *L) {
+    luaL_checkstring(L, 1);
+    lua_settop(L, 1);
+    lua_getfield(L, LUA_REGISTRYINDEX, "lunar.user_errors");
+    if (!lua_istable(L, -1)) {
+        lua_pop(L, 1);
+        lua_newtable(L);
+        lua_pushvalue(L, -1);
+        lua_setfield(L, LUA_REGISTRYINDEX, "lunar.user_errors");
+    }
+    lua_pushvalue(L, 1);
+    lua_pushboolean(L, 1);
+    lua_rawset(L, -3);
+    lua_pop(L, 1);
+    return lua_error(L);
+}
+
+/* core.show_tracebacks(on): user errors get their traceback too (lunar --traceback, or a
+ * recipe's own --traceback argument) */
+static int l_show_tracebacks(lua_State *L) {
+    lua_pushboolean(L, lua_toboolean(L, 1));
+    lua_setfield(L, LUA_REGISTRYINDEX, "lunar.traceback");
+    return 0;
+}
+
+/* 1 if error value 1 is a user error to be reported without a traceback */
+static int is_plain_user_error(lua_State *L) {
+    if (lua_type(L, 1) != LUA_TSTRING) return 0;
+    lua_getfield(L, LUA_REGISTRYINDEX, "lunar.traceback");
+    int want_traceback = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    if (want_traceback) return 0;
+    lua_getfield(L, LUA_REGISTRYINDEX, "lunar.user_errors");
+    if (!lua_istable(L, -1)) {
+        lua_pop(L, 1);
+        return 0;
+    }
+    lua_pushvalue(L, 1);
+    lua_rawget(L, -2);
+    int yes = lua_toboolean(L, -1);
+    lua_pop(L, 2);
+    return yes;
+}
 
 static int l_repl(lua_State *L) {
     int env = lua_istable(L, 1) ? 1 : 0;
@@ -129,12 +181,14 @@ static int open_core(lua_State *L) {
     lunar_lua_open_fs(L);
     lunar_lua_open_data(L);
     lunar_lua_open_tokenizer(L);
+    lunar_lua_open_signal(L);
     lua_pushstring(L, LUNAR_VERSION);
     lua_setfield(L, -2, "version");
     static const luaL_Reg fns[] = {
         {"overrides", l_overrides},   {"is_override", l_is_override}, {"repl", l_repl},
-        {"clock", l_clock},           {"error_site", l_error_site},   {"error_env", l_error_env},
-        {"reraise", l_reraise},       {NULL, NULL},
+        {"clock", l_clock},           {"error_site", l_error_site},   {"error_stack", l_error_stack},
+        {"reraise", l_reraise},       {"user_error", l_user_error},
+        {"show_tracebacks", l_show_tracebacks}, {NULL, NULL},
     };
     lunar_lua_setfuncs(L, fns);
     return 1;
@@ -170,63 +224,43 @@ void lunar_vm_free(lua_State *L) {
 
 /* ---- --repl-on-error ------------------------------------------------------------------------
  *
- * The message handler runs while the failing frame still exists, so that is where its locals
- * and upvalues are copied into a table (registry "lunar.failure_env"). The REPL itself opens
- * only after the protected call has returned (lunar_vm_repl_at_failure): inside the handler the
- * VM is in its error-handling state, where every error, even one caught by a nested pcall,
- * becomes "error in error handling", so a REPL there could not report its own errors. */
-
-/* pushes a table of the innermost user frame's locals and upvalues */
-static void capture_failure_env(lua_State *L) {
-    lua_Debug ar;
-    int level;
-    /* the innermost user Lua frame (skipping this handler, C functions and lunar's library) */
-    for (level = 1; lua_getstack(L, level, &ar); level++) {
-        lua_getinfo(L, "Sl", &ar);
-        if (ar.currentline > 0 && strncmp(ar.source, LUNAR_LIB_CHUNK_PREFIX, strlen(LUNAR_LIB_CHUNK_PREFIX)) != 0) break;
-    }
-    lua_newtable(L);
-    int env = lua_gettop(L);
-    if (lua_getstack(L, level, &ar)) {
-        const char *name;
-        /* locals in order, so that a later local shadows an earlier one of the same name */
-        for (int i = 1; (name = lua_getlocal(L, &ar, i)) != NULL; i++) {
-            if (name[0] == '(') { lua_pop(L, 1); continue; }   /* temporaries */
-            lua_setfield(L, env, name);
-        }
-        lua_getinfo(L, "f", &ar);                     /* upvalues the locals do not shadow */
-        for (int i = 1;; i++) {
-            const char *up = lua_getupvalue(L, -1, i);
-            if (!up) break;
-            lua_getfield(L, env, up);
-            int have = !lua_isnil(L, -1);
-            lua_pop(L, 1);
-            if (have || !*up) lua_pop(L, 1);
-            else lua_setfield(L, env, up);
-        }
-        lua_pop(L, 1);
-    }
-}
+ * The message handler runs while the failing frames still exist, so that is where the stack is
+ * copied: every frame's function, line, locals and upvalues (stack.c), kept in the registry
+ * ("lunar.failure_stack"). The REPL itself opens only after the protected call has returned
+ * (lunar_vm_repl_at_failure): inside the handler the VM is in its error-handling state, where
+ * an error raised by a C function, even one caught by a nested pcall, becomes "error in error
+ * handling", so a REPL there could not report its own errors. */
 
 int lunar_vm_repl_at_failure(lua_State *L) {
-    lua_getfield(L, LUA_REGISTRYINDEX, "lunar.failure_env");
+    lua_getfield(L, LUA_REGISTRYINDEX, "lunar.failure_stack");
     if (!lua_istable(L, -1)) {
         lua_pop(L, 1);
         return 0;
     }
     lua_pushnil(L);
-    lua_setfield(L, LUA_REGISTRYINDEX, "lunar.failure_env");
-    int env = lua_gettop(L);
-    lua_newtable(L);                                  /* setmetatable(env, {__index = _G}) */
-    lua_pushvalue(L, LUA_GLOBALSINDEX);
-    lua_setfield(L, -2, "__index");
-    lua_setmetatable(L, env);
+    lua_setfield(L, LUA_REGISTRYINDEX, "lunar.failure_stack");
+    int stack = lua_gettop(L);
     /* the REPL's conveniences: `lunar` is there even if the script only had a local one */
     if (lunar_vm_dostring(L, "lunar = lunar or require 'lunar'", "=(repl)") != 0) lua_pop(L, 1);
-    fprintf(stderr, "lunar: entering the REPL at the failure (locals of the failing function are visible; "
-                    "Ctrl-D to exit)\n");
+    /* env = require('lunar.repl').at_failure(stack): the selected frame's names in front of the
+     * globals; it says where the REPL opens */
+    lua_getglobal(L, "require");
+    lua_pushstring(L, "lunar.repl");
+    int rc = lunar_vm_pcall(L, 1, 1);
+    if (rc == 0) {
+        lua_getfield(L, -1, "at_failure");
+        lua_pushvalue(L, stack);
+        rc = lunar_vm_pcall(L, 1, 1);
+    }
+    if (rc != 0 || !lua_istable(L, -1)) {
+        fprintf(stderr, "lunar: cannot open the REPL at the failure: %s\n",
+                rc != 0 ? lua_tostring(L, -1) : "lunar.repl.at_failure returned no table");
+        lua_settop(L, stack - 1);
+        return 0;
+    }
+    int env = lua_gettop(L);
     lunar_repl_run(L, env);
-    lua_settop(L, env - 1);
+    lua_settop(L, stack - 1);
     return 1;
 }
 
@@ -273,7 +307,7 @@ static int raised_by_reraise(lua_State *L) {
 }
 
 /* The record of the error passing through lunar.scope ("lunar.error_site" = {error value,
- * traceback, failing frame's locals or nil}), made by core.error_site where the failing frames
+ * traceback, copy of the stack or nil}), made by core.error_site where the failing frames
  * were still on the stack; pushes it if error value 1 is being re-raised by a scope, else
  * pushes nothing and returns 0. */
 static int error_record(lua_State *L) {
@@ -290,8 +324,8 @@ static int error_record(lua_State *L) {
 }
 
 /* core.error_site(err) -> err: lunar.scope's message handler. A new error gets a record: its
- * traceback and, under --repl-on-error, the failing frame's locals (the scope keeps their
- * tensors alive past its cleanup). Nothing global changes here: the error may yet be caught;
+ * traceback and, under --repl-on-error, a copy of the stack with every frame's locals (the scope
+ * keeps their tensors alive past its cleanup). Nothing global changes here: the error may yet be caught;
  * only the top-level handler turns the record into the failure REPL's frame. The error value
  * is returned unchanged, so pcall around a scope sees what was raised. */
 static int l_error_site(lua_State *L) {
@@ -306,15 +340,15 @@ static int l_error_site(lua_State *L) {
     traceback_at_error(L);
     lua_rawseti(L, -2, 2);
     if (repl_on_error_pending(L)) {
-        capture_failure_env(L);
+        lunar_vm_push_stack(L, 1);
         lua_rawseti(L, -2, 3);
     }
     lua_setfield(L, LUA_REGISTRYINDEX, "lunar.error_site");
     return 1;
 }
 
-/* core.error_env(err) -> the failing frame's locals recorded for err, or nil */
-static int l_error_env(lua_State *L) {
+/* core.error_stack(err) -> the copy of the stack recorded for err, or nil */
+static int l_error_stack(lua_State *L) {
     lua_settop(L, 1);
     lua_getfield(L, LUA_REGISTRYINDEX, "lunar.error_site");
     if (!lua_istable(L, -1)) return 0;
@@ -334,18 +368,20 @@ int lunar_vm_traceback(lua_State *L) {
     if (error_record(L)) {
         if (repl) {
             lua_rawgeti(L, -1, 3);
-            lua_setfield(L, LUA_REGISTRYINDEX, "lunar.failure_env");
+            lua_setfield(L, LUA_REGISTRYINDEX, "lunar.failure_stack");
         }
         lua_rawgeti(L, -1, 2);
         lua_pushnil(L);
         lua_setfield(L, LUA_REGISTRYINDEX, "lunar.error_site");
+        if (is_plain_user_error(L)) lua_pushvalue(L, 1);
         return 1;
     }
     if (repl) {
-        capture_failure_env(L);
-        lua_setfield(L, LUA_REGISTRYINDEX, "lunar.failure_env");
+        lunar_vm_push_stack(L, 1);
+        lua_setfield(L, LUA_REGISTRYINDEX, "lunar.failure_stack");
     }
-    traceback_at_error(L);
+    if (is_plain_user_error(L)) lua_pushvalue(L, 1);
+    else traceback_at_error(L);
     return 1;
 }
 

@@ -11,15 +11,22 @@
 lua_State *lunar_vm_new(lunar_ctx *ctx);
 void       lunar_vm_free(lua_State *L);
 
-/* The message handler used for every protected call: appends a traceback to the error.
- * When the registry flag "lunar.repl_on_error" is set (once), it also copies the failing frame's
- * locals and upvalues into a table for lunar_vm_repl_at_failure. */
+/* The message handler used for every protected call: appends a traceback to the error, except
+ * to a user error (core.user_error: a bad setting, a missing file), which stays its one line
+ * unless the registry flag "lunar.traceback" is set (lunar --traceback).
+ * When the registry flag "lunar.repl_on_error" is set (once), it also copies the stack (every
+ * frame's locals and upvalues, lunar_vm_push_stack) for lunar_vm_repl_at_failure. */
 int lunar_vm_traceback(lua_State *L);
 
-/* After a protected call failed under the "lunar.repl_on_error" flag: runs the REPL with the
- * failing frame's locals visible (globals behind them). Returns 1 if a REPL ran, 0 if nothing
- * had been captured. */
+/* After a protected call failed under the "lunar.repl_on_error" flag: runs the REPL at the
+ * failing frame, its locals and upvalues visible (globals behind them), :up and :down moving
+ * along the copied stack (lua/lunar/repl.lua). Returns 1 if a REPL ran, 0 if nothing had been
+ * captured. */
 int lunar_vm_repl_at_failure(lua_State *L);
+
+/* Pushes a copy of the call stack from `level` outwards (stack.c): each frame's function,
+ * source line, locals and upvalues, for the REPL at the failure. */
+void lunar_vm_push_stack(lua_State *L, int level);
 
 /* Load (file, string) and call with nargs arguments already pushed; on error the message with
  * traceback is left on the stack and the status returned. */
