@@ -1,8 +1,11 @@
 /* repl.c: the interactive loop of `lunar -i`: readline editing and history, multi-line input,
  * `=expr` and bare expressions printed (tensors pretty-printed by lunar.repl.show), errors
- * printed with a traceback without leaving the loop, Ctrl-C interrupting a running chunk. Built
+ * printed with a traceback without leaving the loop, Ctrl-C interrupting a running chunk, and
+ * commands (a line starting with ':' and a letter: :help, :where, :up ...; lunar.repl.command).
+ * Built
  * without readline (LUNAR_WITH_READLINE undefined), lines are read with getline: no editing, no
  * history, and Ctrl-C at the prompt interrupts lunar as it would any program. */
+#include <ctype.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -186,6 +189,29 @@ static void show_results(lua_State *L, int first) {
     }
 }
 
+/* 1 if line is a REPL command: ':' and a letter (no Lua statement starts so; a goto label
+ * "::name::" starts with two) */
+static int is_command(const char *line) { return line[0] == ':' && isalpha((unsigned char)line[1]); }
+
+/* require('lunar.repl').command(line, env): its errors are one line for the user (an unknown
+ * command, a bad count), shown without a traceback */
+static void run_command(lua_State *L, const char *line, int env) {
+    int top = lua_gettop(L);
+    lua_getglobal(L, "require");
+    lua_pushstring(L, "lunar.repl");
+    int rc = lua_pcall(L, 1, 1, 0);
+    if (rc == 0) {
+        lua_getfield(L, -1, "command");
+        lua_pushstring(L, line);
+        if (env) lua_pushvalue(L, env);
+        else lua_pushnil(L);
+        rc = lua_pcall(L, 2, 0, 0);
+    }
+    if (rc != 0) fprintf(stderr, "%s\n", lua_tostring(L, -1));
+    lua_settop(L, top);
+    fflush(stdout);
+}
+
 void lunar_repl_run(lua_State *L, int env) {
     int tty = isatty(STDIN_FILENO);
 #ifdef LUNAR_WITH_READLINE
@@ -213,6 +239,14 @@ void lunar_repl_run(lua_State *L, int env) {
         }
 #endif
         if (len == 0 && line[0] == 0) { free(line); continue; }
+        if (len == 0 && is_command(line)) {
+#ifdef LUNAR_WITH_READLINE
+            if (tty) editing_remember(line, hist);
+#endif
+            run_command(L, line, env);
+            free(line);
+            continue;
+        }
         size_t ln = strlen(line);
         if (len + ln + 2 > cap) {
             while (len + ln + 2 > cap) cap *= 2;

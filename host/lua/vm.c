@@ -228,8 +228,8 @@ void lunar_vm_free(lua_State *L) {
  * copied: every frame's function, line, locals and upvalues (stack.c), kept in the registry
  * ("lunar.failure_stack"). The REPL itself opens only after the protected call has returned
  * (lunar_vm_repl_at_failure): inside the handler the VM is in its error-handling state, where
- * an error raised by a C function, even one caught by a nested pcall, becomes "error in error
- * handling", so a REPL there could not report its own errors. */
+ * an error in code the REPL runs, though caught by the REPL's own protected call, can come out
+ * as "error in error handling", so a REPL there could not report its own errors. */
 
 int lunar_vm_repl_at_failure(lua_State *L) {
     lua_getfield(L, LUA_REGISTRYINDEX, "lunar.failure_stack");

@@ -47,10 +47,11 @@ function lunar.scope(fn, ...)
             for i = 2, res.n do keep_returned(res[i], seen) end
         end
     else
-        -- under --repl-on-error the failing frame's tensors outlive the cleanup, for its REPL
-        -- (kept into the enclosing scope, so a caught error frees them there)
-        local env = core.error_env(res[2])
-        if env then keep_returned(env, {}) end
+        -- under --repl-on-error the tensors of the failing stack's frames (their locals and
+        -- upvalues) outlive the cleanup, for its REPL (kept into the enclosing scope, so a
+        -- caught error frees them there)
+        local stack = core.error_stack(res[2])
+        if stack then keep_returned(stack, {}) end
     end
     core.scope_pop()
     if not res[1] then core.reraise(res[2]) end

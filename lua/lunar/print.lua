@@ -46,13 +46,18 @@ local function picks(n, summarise)
     return out
 end
 
+-- the one-line summary that ends a printed tensor: dtype, size, device and name
+function M.summary(t)
+    local shape = t:size()
+    local desc = #shape == 0 and 'scalar' or table.concat(shape, 'x')
+    return ('[lunar.%s tensor of size %s%s%s]'):format(t:dtype(), desc,
+        t:device() ~= 'cpu' and (' on ' .. t:device()) or '', t:name() and (' "' .. t:name() .. '"') or '')
+end
+
 function M.tostring(t)
     local ok, why = t:is_valid()
     local shape = t:size()
-    local desc = table.concat(shape, 'x')
-    if #shape == 0 then desc = 'scalar' end
-    local footer = ('[lunar.%s tensor of size %s%s%s]'):format(t:dtype(), desc,
-        t:device() ~= 'cpu' and (' on ' .. t:device()) or '', t:name() and (' "' .. t:name() .. '"') or '')
+    local footer = M.summary(t)
     if not ok then return ('[invalid tensor: %s]\n%s'):format(why, footer) end
     if t:numel() == 0 then return '[empty tensor]\n' .. footer end
     local host = t:device() == 'cpu' and t or t:to('cpu')
