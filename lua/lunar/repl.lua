@@ -212,11 +212,23 @@ function commands.help(_, arg)
     print(HELP)
 end
 
+-- a deep stack (a runaway recursion has thousands of frames) is shown as its ends and the
+-- frames around the selected one, as Lua's tracebacks cut theirs
+local WHERE_ENDS, WHERE_AROUND = 10, 2
+
 function commands.where(env, arg)
     no_arg('where', arg)
     local session = session_for(env, 'where')
-    for i = 1, #session.stack do
-        print((i == session.sel and '> ' or '  ') .. frame_line(session, i))
+    local n, sel = #session.stack, session.sel
+    local skipped = 0
+    for i = 1, n do
+        if i <= WHERE_ENDS or i > n - WHERE_ENDS or math.abs(i - sel) <= WHERE_AROUND then
+            if skipped > 0 then print(('  ... %d frames (:frame N selects any)'):format(skipped)) end
+            skipped = 0
+            print((i == sel and '> ' or '  ') .. frame_line(session, i))
+        else
+            skipped = skipped + 1
+        end
     end
 end
 

@@ -110,6 +110,25 @@ for c in :where ':up \[N\]' ':down \[N\]' ':frame N' :locals; do
 done
 out_line 'J=1'
 
+# a deep stack: :where shows its ends and the frames around the selected one; :frame N selects any
+cat > "$TMP/recursion.lua" <<'EOF'
+local function r(n)
+    if n == 0 then error('bottom') end
+    local depth = n
+    r(n - 1)
+end
+r(40)
+EOF
+run_input ':where\n:frame 20\nprint("O=" .. depth)\n:where\n' "$LUNAR" --repl-on-error "$TMP/recursion.lua"
+out_line '  ... 23 frames (:frame N selects any)'
+out_line "  #42  .*recursion.lua:6: in main chunk"
+out_line 'O=19'
+out_line "> #20  .*recursion.lua:4: in function 'r'"
+out_line '  ... 8 frames (:frame N selects any)'
+out_line '  ... 10 frames (:frame N selects any)'
+# 20 frames shown by the first :where (10 at each end), 25 by the second (and 5 around #20)
+[ "$(grep -c -e '^> #' -e '^  #' "$TMP/out")" = 45 ] || { show; fail ":where showed other frames than expected"; }
+
 # without a failure there is no stack: the plain REPL says so
 run_input ':where\nprint("K=" .. 2)\n' "$LUNAR" -i
 err_has ':where: no stack to show: this REPL was not opened at a failure'
