@@ -2,7 +2,10 @@
 -- permutations are permutations, repeatable and different per seed and epoch; every document is
 -- seen exactly once per epoch; a state saved at any step (also mid-epoch and through a JSON round
 -- trip) and restored in a fresh loader gives exactly the same following batches, across epoch
--- boundaries; data-parallel ranks split each step's rows; a mismatched state is refused.
+-- boundaries; data-parallel ranks split each step's rows; a mismatched state is refused. Both
+-- packings (best fit decreasing over buffers, first fit): every token of every document once per
+-- epoch, the same batches for the same seed, resuming mid-epoch, a state from before the packing
+-- setting, the efficiency line.
 local lunar = require 'lunar'
 local data = lunar.data
 local T = require('lunar.testing').suite('data.loader')
@@ -201,6 +204,118 @@ T:test('a Megatron dataset as the source', function()
     os.remove(prefix)
     os.remove(prefix .. '.bin')
     os.remove(prefix .. '.idx')
+end)
+
+-- documents whose every token tells its document and place: id = doc * 1000 + k
+local function numbered_docs(n, maxlen, seed)
+    local lens = lunar.rng(seed):randint_(lunar.empty({n}, 'i64'), 1, maxlen + 1):tolist_flat()
+    local docs = {}
+    for i = 1, n do
+        local ids = {}
+        for k = 1, lens[i] do ids[k] = i * 1000 + k end
+        docs[i] = {ids = ids}
+    end
+    return docs
+end
+
+local PACKINGS = {
+    {packing = 'bfd', pack_buffer = 7},
+    {packing = 'bfd'},                      -- one buffer holds everything
+    {packing = 'first_fit'},
+}
+
+T:test('both packings: every token of every document exactly once per epoch (split, padding, buffers)', function()
+    local docs = numbered_docs(90, 130, 4)
+    for _, pk in ipairs(PACKINGS) do
+        local tag = pk.packing .. ' buffer ' .. tostring(pk.pack_buffer)
+        local L = loader(docs, {packing = pk.packing, pack_buffer = pk.pack_buffer, overlong = 'split',
+            pad_to_multiple = 4, micro_batch = 1})
+        for e = 0, 1 do
+            local rows = L:rows_per_epoch(e)
+            local seen, count = {}, 0
+            for _ = 1, rows do
+                local b = L:next()
+                eq(b.epoch, e, tag .. ' epoch of the batch')
+                for _, id in ipairs(b.input_ids:tolist_flat()) do
+                    if id ~= 0 then
+                        assert(not seen[id], ('%s: token %d twice in epoch %d'):format(tag, id, e))
+                        seen[id] = true
+                        count = count + 1
+                    end
+                end
+            end
+            local total = 0
+            for i, d in ipairs(docs) do
+                for k = 1, #d.ids do assert(seen[i * 1000 + k], ('%s: token %d of document %d missing in epoch %d')
+                    :format(tag, k, i, e)) end
+                total = total + #d.ids
+            end
+            eq(count, total, tag .. ' tokens in epoch ' .. e)
+        end
+    end
+end)
+
+T:test('both packings: same seed same batches; resumed mid-epoch (through JSON) equals the run', function()
+    local docs = numbered_docs(70, 60, 5)
+    for _, pk in ipairs(PACKINGS) do
+        local tag = pk.packing .. ' buffer ' .. tostring(pk.pack_buffer)
+        local extra = {packing = pk.packing, pack_buffer = pk.pack_buffer, overlong = 'split'}
+        local L, A, C = loader(docs, extra), loader(docs, extra), loader(docs, {packing = pk.packing,
+            pack_buffer = pk.pack_buffer, overlong = 'split', seed = 77})
+        local rows = L:rows_per_epoch(0)
+        local steps = math.ceil(2.5 * rows / CFG.micro_batch)   -- into the third epoch
+        local states, batches, differ = {}, {}, false
+        for s = 1, steps do
+            states[s] = L:state()
+            batches[s] = snapshot(L:next())
+            same(snapshot(A:next()), batches[s], tag .. ' same seed, step ' .. s)
+            local c = snapshot(C:next())
+            for i = 1, #c.ids do if c.ids[i] ~= batches[s].ids[i] then differ = true end end
+        end
+        assert(differ, tag .. ': another seed should give other batches')
+        for _, s in ipairs({2, math.floor(rows / CFG.micro_batch / 2), math.floor(rows / CFG.micro_batch) + 2,
+                            steps - 2}) do
+            local st = lunar.io.decode_json(lunar.io.encode_json(states[s]))
+            assert(st.row > 0, tag .. ': a mid-epoch state')
+            local R = loader(docs, extra)
+            R:set_state(st)
+            for k = s, steps do
+                same(snapshot(R:next()), batches[k], ('%s resumed at %d, batch %d'):format(tag, s, k))
+            end
+        end
+    end
+end)
+
+T:test('packing settings in the state: refused when they differ; a state without them was first fit', function()
+    local docs = make_docs(30)
+    local bfd = loader(docs):state()
+    eq(bfd.config.packing, 'bfd', 'the default packing')
+    eq(bfd.config.pack_buffer, 10000, 'the default buffer')
+    T.raises(function() loader(docs, {packing = 'first_fit'}):set_state(bfd) end,
+        'the saved state has packing = bfd but this loader has first_fit')
+    T.raises(function() loader(docs, {pack_buffer = 8}):set_state(bfd) end,
+        'the saved state has pack_buffer = 10000 but this loader has 8')
+    -- a state written before the setting existed: first fit, which resumes as such
+    local old = loader(docs, {packing = 'first_fit'})
+    old:next()
+    local st = old:state()
+    st.config.packing, st.config.pack_buffer = nil, nil
+    local R = loader(docs, {packing = 'first_fit'})
+    R:set_state(st)
+    same(snapshot(R:next()), snapshot(old:next()), 'an old first-fit state')
+    T.raises(function() loader(docs):set_state(st) end,
+        'the saved state has packing = first_fit but this loader has bfd')
+    T.raises(function() loader(docs, {packing = 'worst_fit'}) end,
+        "packing must be 'bfd' (best fit decreasing) or 'first_fit', got worst_fit")
+    -- the loader prints each epoch's packing and its efficiency
+    local old_print, lines = print, {}
+    print = function(x) lines[#lines + 1] = x end   -- luacheck: ignore
+    local ok, err = pcall(function() loader(docs, {quiet = false}):next() end)
+    print = old_print   -- luacheck: ignore
+    assert(ok, err)
+    eq(#lines, 1, 'one line')
+    local line = '^epoch 0: packing %(bfd%): 30 documents %-> %d+ rows of 48: %d+ tokens in %d+ slots, efficiency'
+    assert(lines[1]:find(line), lines[1])
 end)
 
 os.exit(T:run())

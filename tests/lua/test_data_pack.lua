@@ -2,7 +2,9 @@
 -- fit, token-by-token rows) on odd sizes: rows and boundaries, tokens, labels (HF convention),
 -- shifted targets, positions, cu_seqlens, padding to a multiple, the three over-long policies,
 -- loss masks, and the efficiency; plus consistency with require('lunar.nn.masks').packed_positions and
--- with the model's label shift.
+-- with the model's label shift. Best fit decreasing against a quadratic reference (per buffer, as
+-- sets of rows, since its rows are shuffled), its row order (shuffled inside buffers, by seed and
+-- epoch), and its efficiency on the shipped SFT data.
 local lunar = require 'lunar'
 local data = lunar.data
 local T = require('lunar.testing').suite('data.pack')
@@ -107,6 +109,7 @@ end
 
 local function check(docs, o, tag)
     o.quiet = true
+    o.packing = 'first_fit'   -- what the reference does
     local ref = reference(docs, o)
     local P = data.packer(o)
     local batch, plan = P:pack(docs)
@@ -185,7 +188,7 @@ end)
 T:test('a hand-checked example', function()
     -- T = 6: {1,2,3,4} fills row 1 to 4, {5,6,7} opens row 2, {8,9} fits row 1, {10} fits row 2
     local docs = {{ids = {1, 2, 3, 4}}, {ids = {5, 6, 7}, mask = {0, 1, 1}}, {ids = {8, 9}}, {ids = {10}}}
-    local batch, plan = data.packer{seq_len = 6, quiet = true}:pack(docs)
+    local batch, plan = data.packer{seq_len = 6, packing = 'first_fit', quiet = true}:pack(docs)
     eq(#plan.rows, 2, 'rows')
     list_eq(batch.input_ids:tolist_flat(), {1, 2, 3, 4, 8, 9, 5, 6, 7, 10, 0, 0}, 'ids')
     list_eq(batch.position_ids:tolist_flat(), {0, 1, 2, 3, 0, 1, 0, 1, 2, 0, 0, 1}, 'positions')
@@ -258,6 +261,183 @@ T:test('lunar.model on packed batches (B = 1 and B = 2) gives the loss of the do
         local loss = m:forward(b, {loss = true}).loss
         -- f32 model: the packed and unpacked runs differ only by summation order
         assert(math.abs(loss - ref) <= 1e-6 * math.abs(ref), ('packed loss %.9g vs %.9g'):format(loss, ref))
+    end
+end)
+
+-- ---- best fit decreasing ------------------------------------------------------------------------
+
+-- the reference: per buffer of `buffer` documents, pieces longest first (ties in order), each into
+-- the open row with the least room that fits, among equals the row that got to that room last
+local function reference_bfd(lengths, o)
+    local Tn, m, buffer = o.seq_len, o.pad_to_multiple or 1, o.pack_buffer
+    local out = {}
+    for first = 1, #lengths, buffer do
+        local pieces = {}
+        for d = first, math.min(first + buffer - 1, #lengths) do
+            local n = lengths[d]
+            if n > Tn and o.overlong == 'split' then
+                for s = 0, n - 1, Tn do pieces[#pieces + 1] = {d, s, math.min(Tn, n - s), #pieces} end
+            elseif n > Tn and o.overlong == 'drop' then
+                n = 0
+            elseif n > 0 then
+                pieces[#pieces + 1] = {d, 0, math.min(n, Tn), #pieces}
+            end
+        end
+        table.sort(pieces, function(a, b)
+            if a[3] ~= b[3] then return a[3] > b[3] end
+            return a[4] < b[4]
+        end)
+        local rows, room, since, clock = {}, {}, {}, 0
+        for _, p in ipairs(pieces) do
+            local size = math.ceil(p[3] / m) * m
+            local r
+            for i = 1, #rows do
+                local better = r == nil or room[i] < room[r] or (room[i] == room[r] and since[i] > since[r])
+                if room[i] >= size and better then r = i end
+            end
+            if not r then
+                r = #rows + 1
+                rows[r], room[r] = {}, Tn
+            end
+            clock = clock + 1
+            room[r], since[r] = room[r] - size, clock
+            rows[r][#rows[r] + 1] = ('%d:%d:%d:%d'):format(p[1], p[2], p[3], size)
+        end
+        local keys = {}
+        for i, row in ipairs(rows) do keys[i] = table.concat(row, ',') end
+        out[#out + 1] = keys
+    end
+    return out
+end
+
+local function row_key(row)
+    local t = {}
+    for i, seg in ipairs(row) do t[i] = ('%d:%d:%d:%d'):format(seg.doc, seg.start, seg.len, seg.size) end
+    return table.concat(t, ',')
+end
+
+local function sorted(list)
+    local c = {}
+    for i, v in ipairs(list) do c[i] = v end
+    table.sort(c)
+    return c
+end
+
+T:test('best fit decreasing: the rows of every buffer against the reference (odd sizes)', function()
+    for _, seq_len in ipairs({1, 5, 17, 64}) do
+        for _, n in ipairs({1, 4, 23, 150}) do
+            for _, buffer in ipairs({1, 3, 10, 1000}) do
+                for _, mode in ipairs({'truncate', 'drop', 'split'}) do
+                    local m = seq_len % 4 == 0 and 4 or 1
+                    local lengths = ints(n, 0, math.floor(seq_len * 1.5) + 1)
+                    local o = {seq_len = seq_len, pad_to_multiple = m, overlong = mode, pack_buffer = buffer}
+                    local tag = ('T=%d n=%d buffer=%d %s'):format(seq_len, n, buffer, mode)
+                    local ref = reference_bfd(lengths, o)
+                    local plan = data.packer{seq_len = seq_len, pad_to_multiple = m, overlong = mode, packing = 'bfd',
+                        pack_buffer = buffer, seed = 3, quiet = true}:plan(lengths)
+                    local r = 0
+                    for b, keys in ipairs(ref) do
+                        local got = {}
+                        for i = 1, #keys do got[i] = row_key(plan.rows[r + i]) end
+                        list_eq(sorted(got), sorted(keys), ('%s buffer %d'):format(tag, b))
+                        r = r + #keys
+                    end
+                    eq(#plan.rows, r, tag .. ' rows')
+                end
+            end
+        end
+    end
+end)
+
+T:test('best fit decreasing: a hand-checked example, and bad settings', function()
+    -- T = 10, lengths 2 5 4 7 1 3 8: first fit needs 4 rows ([2 5 1] [4 3] [7] [8]); best fit
+    -- decreasing places 8 7 5 into new rows, 4 into the 5's row (the only room), 3 beside the 7,
+    -- 2 beside the 8 and 1 into the last slot: 3 full rows
+    local lengths = {2, 5, 4, 7, 1, 3, 8}
+    local ff = data.packer{seq_len = 10, packing = 'first_fit', quiet = true}:plan(lengths)
+    eq(#ff.rows, 4, 'first fit rows')
+    local plan = data.packer{seq_len = 10, quiet = true}:plan(lengths)   -- bfd is the default
+    eq(#plan.rows, 3, 'bfd rows')
+    eq(plan.stats.efficiency, 1, 'bfd efficiency')
+    local keys = {}
+    for i, row in ipairs(plan.rows) do keys[i] = row_key(row) end
+    list_eq(sorted(keys), {'2:0:5:5,3:0:4:4,5:0:1:1', '4:0:7:7,6:0:3:3', '7:0:8:8,1:0:2:2'}, 'rows')
+    T.raises(function() data.packer{seq_len = 10, packing = 'best'} end,
+        "packing must be 'bfd' (best fit decreasing) or 'first_fit', got best")
+    T.raises(function() data.packer{seq_len = 10, pack_buffer = 0} end, 'pack_buffer must be a positive integer, got 0')
+    T.raises(function() data.packer{seq_len = 10, seed = -1} end, 'seed must be a non-negative integer, got -1')
+    T.raises(function() data.packer{seq_len = 10, quiet = true}:plan({1, 2}, nil, 0.5) end,
+        'epoch must be a non-negative integer, got 0.5')
+end)
+
+T:test('best fit decreasing: rows shuffled inside their buffer, by seed and epoch', function()
+    local lengths = ints(3000, 1, 300)
+    local function plan(seed, epoch, buffer)
+        return data.packer{seq_len = 256, overlong = 'split', pack_buffer = buffer or 500, seed = seed, quiet = true}
+            :plan(lengths, nil, epoch)
+    end
+    local a = plan(1, 0)
+    local function keys(p)
+        local k = {}
+        for i, row in ipairs(p.rows) do k[i] = row_key(row) end
+        return k
+    end
+    local ka = keys(a)
+    list_eq(keys(plan(1, 0)), ka, 'the same seed and epoch')
+    for _, other in ipairs({plan(2, 0), plan(1, 1)}) do
+        -- the same rows, in another order
+        local ko = keys(other)
+        list_eq(sorted(ko), sorted(ka), 'the same rows')
+        local moved = 0
+        for i, k in ipairs(ka) do if ko[i] ~= k then moved = moved + 1 end end
+        assert(moved > #a.rows / 2, ('only %d of %d rows moved'):format(moved, #a.rows))
+    end
+    -- each row holds the documents of one buffer, and the buffers follow each other
+    local last = 0
+    local ascents, pairs_ = 0, 0
+    for i, row in ipairs(a.rows) do
+        local b = math.floor((row[1].doc - 1) / 500)
+        for _, seg in ipairs(row) do eq(math.floor((seg.doc - 1) / 500), b, 'buffer of row ' .. i) end
+        assert(b >= last, ('row %d of buffer %d after buffer %d'):format(i, b, last))
+        if b == last and i > 1 and row[1].len > a.rows[i - 1][1].len then ascents = ascents + 1 end
+        if b == last and i > 1 then pairs_ = pairs_ + 1 end
+        last = b
+    end
+    -- in placement order the longest piece of each row would only fall; shuffled it rises about
+    -- as often as it falls
+    assert(ascents > 0.3 * pairs_, ('the longest piece rises in %d of %d neighbouring rows'):format(ascents, pairs_))
+end)
+
+-- the shipped SFT data (the tiny preset's), as the trainer tokenizes it, untruncated
+local function shipped_lengths()
+    local here = debug.getinfo(1, 'S').source:match('^@(.*)/[^/]*$') or '.'
+    local root = here .. '/../../'
+    local tok = lunar.tokenizer.load(root .. 'recipes/presets/tiny/tokenizer.json')
+    local rows = data.read_chat({root .. 'examples/data/sft/gsm8k_train_chat_first1000.jsonl',
+        root .. 'examples/data/sft/oasst_en100_conversations.jsonl'}, {show = 0})
+    local docs = data.tokenize(rows, function(row)
+        return lunar.chat.tokenize(tok, row.messages, {template = 'glm5', tools = row.tools})
+    end, {max_len = 1e9})
+    local lengths = {}
+    for i, d in ipairs(docs) do lengths[i] = #d.ids end
+    return lengths
+end
+
+T:test('best fit decreasing on the shipped SFT data: >= 99% at 4096 tokens, >= 97% at 512', function()
+    local lengths = shipped_lengths()
+    eq(#lengths, 1547, 'shipped documents')
+    for _, case in ipairs({{4096, 0.99}, {512, 0.97}}) do
+        local seq_len, floor = case[1], case[2]
+        for epoch = 0, 2 do
+            local order = data.permutation(#lengths, 1, epoch)
+            local bfd = data.packer{seq_len = seq_len, seed = 1, quiet = true}:plan(lengths, order, epoch)
+            local ff = data.packer{seq_len = seq_len, packing = 'first_fit', quiet = true}:plan(lengths, order)
+            local e, f = bfd.stats.efficiency, ff.stats.efficiency
+            assert(e >= floor, ('seq_len %d epoch %d: bfd efficiency %.4f < %.2f (first fit %.4f)'):format(seq_len,
+                epoch, e, floor, f))
+            assert(e > f, ('seq_len %d epoch %d: bfd %.4f is not above first fit %.4f'):format(seq_len, epoch, e, f))
+            eq(bfd.stats.real_tokens, ff.stats.real_tokens, 'the same tokens')
+        end
     end
 end)
 

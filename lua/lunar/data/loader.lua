@@ -6,12 +6,14 @@
 --       machine and thread count). epoch is a non-negative integer.
 --
 --   local L = data.loader{source =, seq_len =, micro_batch = 1, seed = 0, shuffle = true,
---       pad_to_multiple = 1, overlong = 'truncate', pad_id = 0, dp_rank = 0, dp_size = 1,
---       epochs = nil, quiet = false}
+--       pad_to_multiple = 1, overlong = 'truncate', packing = 'bfd', pack_buffer = 10000,
+--       pad_id = 0, dp_rank = 0, dp_size = 1, epochs = nil, quiet = false}
 --     source: a list of documents ({ids =, mask =} or lists of ids) or an object with :count(),
 --     :length(i) (or :document_lengths()), :tokens(i) [, :mask(i)] such as a Megatron dataset.
 --     Each epoch e (0, 1, ...) packs the documents in the order permutation(n, seed, e) (1..n
---     without shuffle) with lunar.data.packer (first fit) and then visits the rows in a second
+--     without shuffle) with lunar.data.packer (packing: 'bfd', best fit decreasing over buffers
+--     of pack_buffer documents, its rows shuffled inside each buffer by (seed, e) also without
+--     shuffle; or 'first_fit' over the whole order) and then visits the rows in a second
 --     shuffled order (stream 'row order'). Rows form one stream across epochs: a micro-batch
 --     that reaches the end of an epoch continues with the next one. With dp_size > 1 each step
 --     takes micro_batch * dp_size rows and rank dp_rank gets its slice.
@@ -116,8 +118,10 @@ function M.loader(opts)
     self.lengths = source_lengths(opts.source)
     local total = 0
     for _, n in ipairs(self.lengths) do total = total + n end
+    local seed = check_nonneg_int(opts.seed or 0, 'loader: seed')
     self.packer = pack.packer{seq_len = opts.seq_len, pad_to_multiple = opts.pad_to_multiple,
-        overlong = opts.overlong, pad_id = opts.pad_id, quiet = true}
+        overlong = opts.overlong, packing = opts.packing, pack_buffer = opts.pack_buffer, seed = seed,
+        pad_id = opts.pad_id, quiet = true}
     self.quiet = opts.quiet
     self.micro_batch = opts.micro_batch or 1
     self.dp_rank, self.dp_size = opts.dp_rank or 0, opts.dp_size or 1
@@ -131,11 +135,13 @@ function M.loader(opts)
     self.epochs = opts.epochs
     -- everything that fixes the sequence of batches (compared by set_state)
     self.config = {
-        seed = check_nonneg_int(opts.seed or 0, 'loader: seed'),
+        seed = seed,
         shuffle = opts.shuffle ~= false,
         seq_len = self.packer.seq_len,
         pad_to_multiple = self.packer.multiple,
         overlong = self.packer.overlong,
+        packing = self.packer.packing,
+        pack_buffer = self.packer.buffer,   -- nil for first fit, which has no buffer
         pad_id = self.packer.pad_id,
         micro_batch = self.micro_batch,
         dp_size = self.dp_size,
@@ -153,7 +159,7 @@ function Loader:plan(epoch)
         local order = c.shuffle and M.permutation(#self.lengths, c.seed, epoch) or nil
         local saved = self.packer.quiet
         self.packer.quiet = true
-        local plan = self.packer:plan(self.lengths, order)
+        local plan = self.packer:plan(self.lengths, order, epoch)
         self.packer.quiet = saved
         plan.order = row_order(#plan.rows, c.seed, epoch, c.shuffle)
         if #plan.rows == 0 then fail('loader: the data packs into no row (every document empty or dropped)') end
@@ -201,12 +207,15 @@ function Loader:state()
     return {version = 1, epoch = self.epoch, row = self.row, step = self.step, config = cfg}
 end
 
-local CONFIG_KEYS = {'seed', 'shuffle', 'seq_len', 'pad_to_multiple', 'overlong', 'pad_id', 'micro_batch', 'dp_size',
-    'documents', 'tokens'}
+local CONFIG_KEYS = {'seed', 'shuffle', 'seq_len', 'pad_to_multiple', 'overlong', 'packing', 'pack_buffer', 'pad_id',
+    'micro_batch', 'dp_size', 'documents', 'tokens'}
 
 function Loader:set_state(s)
     if type(s) ~= 'table' or s.version ~= 1 then fail('loader:set_state: not a loader state (version 1)') end
-    local cfg = s.config or {}
+    local cfg = {}
+    for k, v in pairs(s.config or {}) do cfg[k] = v end
+    -- a state saved before the packing setting existed was packed by first fit
+    if cfg.packing == nil then cfg.packing = 'first_fit' end
     for _, k in ipairs(CONFIG_KEYS) do
         if cfg[k] ~= self.config[k] then
             fail(('loader:set_state: the saved state has %s = %s but this loader has %s: the batches would differ')

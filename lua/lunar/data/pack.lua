@@ -1,16 +1,24 @@
 -- lunar.data.pack: packing documents into fixed-length rows with per-document boundaries.
 --
 --   local P = data.packer{seq_len = 4096, pad_to_multiple = 1, overlong = 'truncate',
---                         pad_id = 0, quiet = false}
---   local plan = P:plan(lengths[, order])
+--                         packing = 'bfd', pack_buffer = 10000, seed = 0, pad_id = 0, quiet = false}
+--   local plan = P:plan(lengths[, order[, epoch]])
 --       lengths: list of token counts per document (index = document number); order: the
 --       documents to place, in that order (default 1..#lengths; the loader passes a shuffled
---       order). Greedy first-fit: each piece goes into the first row that still has room
---       (O(n log n) through a tree of remaining capacities), so the plan depends only on the
---       lengths and the order. Prints the packing efficiency unless quiet.
+--       order). Two ways to fill the rows, both functions of the lengths and the order alone:
+--         'bfd' (best fit decreasing, the default): the order is cut into buffers of
+--           pack_buffer documents; inside a buffer the pieces go, longest first, each into the
+--           open row it fills most tightly (the least room that still fits; a new row when none
+--           fits). The rows of a buffer are then shuffled (stream rng(seed):split('packed rows')
+--           :split(epoch):split(buffer)), since in placement order they would run from the
+--           longest documents to the shortest. Rows do not stay open across buffers.
+--         'first_fit': each piece, in the order given, goes into the first row that still has
+--           room; one pass over the whole order, rows in the order they were opened.
+--       Both are O(n log n) through trees of remaining room. Prints the packing efficiency
+--       unless quiet.
 --       plan.rows[r] = {{doc =, start = (0-based token offset in the document), len =,
 --                        size = len rounded up to pad_to_multiple}, ...}
---       plan.stats = {documents, pieces, rows, real_tokens, slots, efficiency (real / slots),
+--       plan.stats = {packing, documents, pieces, rows, real_tokens, slots, efficiency (real / slots),
 --                     truncated, truncated_tokens, dropped, dropped_tokens, split, empty}
 --   local batch = P:batch(plan, first_row, count, source)
 --       source: a Lua list of documents ({ids =, mask =} tables, or plain lists of ids), or any
@@ -49,6 +57,9 @@ Packer.__index = Packer
 
 local OVERLONG = {truncate = true, drop = true, split = true}
 M.OVERLONG = OVERLONG   -- the modes for a document longer than seq_len (also data.tokenize's)
+local PACKING = {bfd = true, first_fit = true}
+M.PACKING = PACKING     -- the ways to fill rows
+M.DEFAULT_BUFFER = 10000   -- documents per best-fit-decreasing buffer
 
 local function posint(v, what)
     if type(v) ~= 'number' or v < 1 or v ~= math.floor(v) then
@@ -69,14 +80,27 @@ function M.packer(opts)
     if not OVERLONG[self.overlong] then
         fail(("packer: overlong must be 'truncate', 'drop' or 'split', got %s"):format(tostring(self.overlong)))
     end
+    self.packing = opts.packing or 'bfd'
+    if not PACKING[self.packing] then
+        fail(("packer: packing must be 'bfd' (best fit decreasing) or 'first_fit', got %s"):format(
+            tostring(self.packing)))
+    end
+    -- the buffer and the seed shape only best fit decreasing's rows: first fit has none
+    if self.packing == 'bfd' then
+        self.buffer = posint(opts.pack_buffer or M.DEFAULT_BUFFER, 'pack_buffer')
+        self.seed = opts.seed or 0
+        if type(self.seed) ~= 'number' or self.seed < 0 or self.seed ~= math.floor(self.seed) then
+            fail(('packer: seed must be a non-negative integer, got %s'):format(tostring(self.seed)))
+        end
+    end
     self.pad_id = opts.pad_id or 0
     self.quiet = opts.quiet
     return self
 end
 
 local function stats_summary(s, T)
-    local t = ('packing: %d documents -> %d rows of %d: %d tokens in %d slots, efficiency %.2f%%'):format(
-        s.documents, s.rows, T, s.real_tokens, s.slots, 100 * s.efficiency)
+    local t = ('packing (%s): %d documents -> %d rows of %d: %d tokens in %d slots, efficiency %.2f%%'):format(
+        s.packing, s.documents, s.rows, T, s.real_tokens, s.slots, 100 * s.efficiency)
     local extra = {}
     if s.truncated > 0 then extra[#extra + 1] = ('%d truncated (%d tokens cut)'):format(s.truncated, s.truncated_tokens) end
     if s.dropped > 0 then extra[#extra + 1] = ('%d dropped (%d tokens)'):format(s.dropped, s.dropped_tokens) end
@@ -87,15 +111,155 @@ local function stats_summary(s, T)
 end
 M.summary = stats_summary
 
-function Packer:plan(lengths, order)
+-- First fit over pieces 1..np (lengths plen) in their order: a max-tree over the remaining room
+-- of rows 1..size (unopened rows have T) finds the first row with room. Returns rows as lists of
+-- piece numbers.
+local function first_fit(plen, np, T, m)
+    local size = 1
+    while size < np do size = size * 2 end
+    local tree = {}
+    for i = 1, 2 * size - 1 do tree[i] = T end
+    local rows = {}
+    for p = 1, np do
+        local need = math.ceil(plen[p] / m) * m
+        local node = 1
+        while node < size do
+            node = tree[2 * node] >= need and 2 * node or 2 * node + 1
+        end
+        local r = node - size + 1
+        tree[node] = tree[node] - need
+        node = math.floor(node / 2)
+        while node >= 1 do
+            local a, b = tree[2 * node], tree[2 * node + 1]
+            tree[node] = a > b and a or b
+            node = math.floor(node / 2)
+        end
+        if r > #rows then rows[r] = {} end
+        local row = rows[r]
+        row[#row + 1] = p
+    end
+    return rows
+end
+
+-- The open rows of one buffer, grouped by their remaining room (0..T): rooms[c] is a stack of
+-- the rows with room c, and a count tree over the rooms finds the least room >= need in
+-- O(log T). Which row of a room is taken (the last one put there) is fixed, so the result is too.
+local Rooms = {}
+Rooms.__index = Rooms
+
+local function rooms_new(T)
+    local size = 1
+    while size < T + 1 do size = size * 2 end
+    local count = {}
+    for i = 1, 2 * size - 1 do count[i] = 0 end
+    return setmetatable({size = size, count = count, stacks = {}}, Rooms)
+end
+
+function Rooms:add(room, delta)
+    local node = self.size + room
+    while node >= 1 do
+        self.count[node] = self.count[node] + delta
+        node = math.floor(node / 2)
+    end
+end
+
+function Rooms:put(r, room)
+    if room == 0 then return end   -- a full row takes nothing more
+    local st = self.stacks[room]
+    if not st then
+        st = {}
+        self.stacks[room] = st
+    end
+    st[#st + 1] = r
+    self:add(room, 1)
+end
+
+-- the row with the least room >= need, taken out of the set (nil when no row has that room)
+function Rooms:take(need)
+    local count, size = self.count, self.size
+    local node = size + need
+    if count[node] == 0 then
+        -- climb until a right sibling holds a row, then descend to its leftmost non-empty leaf
+        while true do
+            if node == 1 then return nil end
+            if node % 2 == 0 and count[node + 1] > 0 then
+                node = node + 1
+                break
+            end
+            node = math.floor(node / 2)
+        end
+        while node < size do
+            node = count[2 * node] > 0 and 2 * node or 2 * node + 1
+        end
+    end
+    local room = node - size
+    local st = self.stacks[room]
+    local r = st[#st]
+    st[#st] = nil
+    self:add(room, -1)
+    return r, room
+end
+
+-- Best fit decreasing, buffer by buffer: buffer b holds pieces bfirst[b] .. bfirst[b + 1] - 1
+-- (those of `pack_buffer` consecutive documents of the order). Returns rows as lists of piece
+-- numbers, each buffer's rows shuffled.
+local function best_fit_decreasing(plen, np, bfirst, T, m, seed, epoch)
+    local rows = {}
+    local stream = core.rng_new(seed):split('packed rows'):split(epoch)
+    for b = 1, #bfirst do
+        local first, last = bfirst[b], (bfirst[b + 1] or np + 1) - 1
+        local idx = {}
+        for p = first, last do idx[#idx + 1] = p end
+        -- longest first; equal lengths keep their order, so the sort is a function of the input
+        table.sort(idx, function(x, y)
+            if plen[x] ~= plen[y] then return plen[x] > plen[y] end
+            return x < y
+        end)
+        local rooms = rooms_new(T)
+        local brows = {}
+        for _, p in ipairs(idx) do
+            local need = math.ceil(plen[p] / m) * m
+            local r, room = rooms:take(need)
+            if not r then
+                brows[#brows + 1] = {}
+                r, room = #brows, T
+            end
+            local row = brows[r]
+            row[#row + 1] = p
+            rooms:put(r, room - need)
+        end
+        -- Fisher-Yates over the buffer's rows, on the buffer's own stream
+        local n = #brows
+        if n > 1 then
+            local u = stream:split(b - 1):uniform_(core.empty({n - 1}, 'f64'), 0, 1)
+            local draws = u:tolist_flat()
+            u:free()
+            local k = 0
+            for i = n, 2, -1 do
+                k = k + 1
+                local j = math.min(math.floor(draws[k] * i) + 1, i)
+                brows[i], brows[j] = brows[j], brows[i]
+            end
+        end
+        for i = 1, n do rows[#rows + 1] = brows[i] end
+    end
+    return rows
+end
+
+function Packer:plan(lengths, order, epoch)
     if type(lengths) ~= 'table' then fail('packer:plan: lengths must be a list, got ' .. type(lengths)) end
     local T, m, mode = self.seq_len, self.multiple, self.overlong
+    epoch = epoch or 0
+    if type(epoch) ~= 'number' or epoch < 0 or epoch ~= math.floor(epoch) then
+        fail(('packer:plan: epoch must be a non-negative integer, got %s'):format(tostring(epoch)))
+    end
     local n = order and #order or #lengths
-    local st = {documents = n, pieces = 0, rows = 0, real_tokens = 0, slots = 0, efficiency = 0, truncated = 0,
-        truncated_tokens = 0, dropped = 0, dropped_tokens = 0, split = 0, empty = 0}
+    local st = {packing = self.packing, documents = n, pieces = 0, rows = 0, real_tokens = 0, slots = 0,
+        efficiency = 0, truncated = 0, truncated_tokens = 0, dropped = 0, dropped_tokens = 0, split = 0, empty = 0}
     -- pieces in placement order
     local pdoc, pstart, plen = {}, {}, {}
     local np = 0
+    local bfirst = {}   -- bfd: the first piece of each buffer
     local function piece(doc, start, len)
         np = np + 1
         pdoc[np], pstart[np], plen[np] = doc, start, len
@@ -103,6 +267,7 @@ function Packer:plan(lengths, order)
     for k = 1, n do
         local doc = order and order[k] or k
         local len = lengths[doc]
+        if self.packing == 'bfd' and (k - 1) % self.buffer == 0 then bfirst[#bfirst + 1] = np + 1 end
         if type(len) ~= 'number' or len < 0 or len ~= math.floor(len) then
             fail(('packer:plan: length of document %s is %s'):format(tostring(doc), tostring(len)))
         end
@@ -123,34 +288,20 @@ function Packer:plan(lengths, order)
         end
     end
     st.pieces = np
-    -- first fit: a max-tree over the remaining room of rows 1..size (unopened rows have T)
-    local size = 1
-    while size < np do size = size * 2 end
-    local tree = {}
-    for i = 1, 2 * size - 1 do tree[i] = T end
-    local rows, nrows = {}, 0
-    for p = 1, np do
-        local len = plen[p]
-        local need = math.ceil(len / m) * m
-        local node = 1
-        while node < size do
-            node = tree[2 * node] >= need and 2 * node or 2 * node + 1
-        end
-        local r = node - size + 1
-        tree[node] = tree[node] - need
-        node = math.floor(node / 2)
-        while node >= 1 do
-            local a, b = tree[2 * node], tree[2 * node + 1]
-            tree[node] = a > b and a or b
-            node = math.floor(node / 2)
-        end
-        if r > nrows then
-            nrows = r
-            rows[r] = {}
-        end
+    local rows
+    if self.packing == 'first_fit' then
+        rows = first_fit(plen, np, T, m)
+    else
+        rows = best_fit_decreasing(plen, np, bfirst, T, m, self.seed, epoch)
+    end
+    local nrows = #rows
+    for r = 1, nrows do
         local row = rows[r]
-        row[#row + 1] = {doc = pdoc[p], start = pstart[p], len = len, size = need}
-        st.real_tokens = st.real_tokens + len
+        for s = 1, #row do
+            local p = row[s]
+            row[s] = {doc = pdoc[p], start = pstart[p], len = plen[p], size = math.ceil(plen[p] / m) * m}
+            st.real_tokens = st.real_tokens + plen[p]
+        end
     end
     st.rows = nrows
     st.slots = nrows * T
