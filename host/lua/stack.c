@@ -4,10 +4,11 @@
  *
  * The copy is a list of frames, innermost first:
  *
- *   {start = i, {what=, source=, line=, name=, namewhat=, linedefined=, lib=, func=,
+ *   {start = i, {what=, source=, chunk=, line=, name=, namewhat=, linedefined=, lib=, func=,
  *                locals = {n=, names={...}, values={...}},
  *                upvalues = {n=, names={...}, values={...}}}, ...}
  *
+ * source is the short form shown in tracebacks, chunk the chunk name ("@path" for a file).
  * values[i] is nil for a variable that holds nil (names[i] still says it exists). `start` is the
  * frame the REPL opens at: the innermost frame of the user's code (not C, not lunar's own
  * library, chunk names "@lunar:..."), so an error raised inside the library opens where the
@@ -101,9 +102,10 @@ void lunar_vm_push_stack(lua_State *L, int level) {
         n++;
         if (is_lua && !first_lua) first_lua = n;
         if (is_lua && !start && !is_library(&ar)) start = n;
-        lua_createtable(L, 0, 11);
+        lua_createtable(L, 0, 12);
         set_string(L, "what", ar.what);
         set_string(L, "source", ar.short_src);
+        set_string(L, "chunk", ar.source);
         set_int(L, "line", ar.currentline);
         set_string(L, "name", ar.name);
         set_string(L, "namewhat", ar.namewhat);

@@ -98,12 +98,14 @@ local function frame_line(session, i)
     return ('#%d  %s'):format(i - 1, frame_label(session.stack[i]))
 end
 
--- prints where the REPL now stands: the frame, and its source line when the file can be read
+-- prints where the REPL now stands: the frame, and its source line when it comes from a file
+-- (not lunar's own library, whose chunks are named "@lunar:...")
 local function announce(session, out)
     local f = session.stack[session.sel]
     out:write(frame_line(session, session.sel), '\n')
-    if f.what ~= 'C' and f.line > 0 and f.source:sub(1, 6) ~= 'lunar:' then
-        local file = io.open(f.source, 'r')
+    local path = f.chunk and f.chunk:match('^@(.*)')
+    if path and f.line > 0 and not f.lib then
+        local file = io.open(path, 'r')
         if file then
             local n = 0
             for text in file:lines() do
