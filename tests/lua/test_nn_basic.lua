@@ -1,4 +1,5 @@
--- test_nn_basic.lua: Linear, RMSNorm, Embedding and MLP forward against direct op compositions,
+-- test_nn_basic.lua: Linear, RMSNorm, Embedding and MLP (every hidden_act lunar implements)
+-- forward against direct op compositions or the formulas,
 -- and their backward against central finite differences (f32, eps 1e-2, tolerance rtol 2e-2 /
 -- atol 2e-3 on a random projection of the output), including parameter gradients and the
 -- accumulation (+=) rule.
@@ -84,18 +85,43 @@ T:test('Embedding with padding_idx: the pad row gets no gradient', function()
     T.equal(g[10], {1, 1, 1, 1}, 'id 9 once')
 end)
 
-T:test('MLP silu and gelu', function()
-    for _, act in ipairs({'silu', 'gelu'}) do
+-- hidden_act -> the scalar formula of transformers' ACT2FN entry (gelu's erf through ops.gelu,
+-- which test_ops_elementwise checks)
+local ACT_REF = {
+    silu = function(v) return v / (1 + math.exp(-v)) end,
+    gelu_pytorch_tanh = function(v)
+        return 0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ^ 3)))
+    end,
+    relu = function(v) return v > 0 and v or 0 end,
+}
+ACT_REF.gelu_new = ACT_REF.gelu_pytorch_tanh
+
+T:test('MLP with every hidden_act: forward against the formula, finite-difference gradients', function()
+    for _, act in ipairs({'silu', 'gelu', 'gelu_pytorch_tanh', 'gelu_new', 'relu'}) do
         local s = nn.params.new()
         s:add('mlp.gate_proj.weight', lunar.randn(8, 5))
         s:add('mlp.up_proj.weight', lunar.randn(8, 5))
         s:add('mlp.down_proj.weight', lunar.randn(5, 8))
         local m = nn.MLP.new(s, 'mlp', act)
-        local x = lunar.randn(3, 5)
-        local g = ops.matmul(x, s:get('mlp.gate_proj.weight'):t())
+        local x, g
+        for _ = 1, 100 do
+            x = lunar.randn(3, 5)
+            g = ops.matmul(x, s:get('mlp.gate_proj.weight'):t())
+            -- relu: the finite-difference steps (5e-3 on x or a weight, |g| moves by < 0.02) must
+            -- not carry a gate pre-activation across the kink
+            if act ~= 'relu' or ops.min(ops.abs(g)):item() > 0.05 then break end
+        end
+        assert(act ~= 'relu' or ops.min(ops.abs(g)):item() > 0.05, 'relu: no input kept the gate away from 0')
         local u = ops.matmul(x, s:get('mlp.up_proj.weight'):t())
-        local a = act == 'silu' and ops.mul(ops.silu(g), u) or ops.mul(ops.gelu(g), u)
-        T.close(m:forward(x), ops.matmul(a, s:get('mlp.down_proj.weight'):t()), {rtol = 1e-5, atol = 1e-5})
+        local a
+        if act == 'gelu' then
+            a = ops.mul(ops.gelu(g), u)
+        else
+            local gf, uf, af = g:tolist_flat(), u:tolist_flat(), {}
+            for i = 1, #gf do af[i] = ACT_REF[act](gf[i]) * uf[i] end
+            a = lunar.tensor(af):view(3, 8)
+        end
+        T.close(m:forward(x), ops.matmul(a, s:get('mlp.down_proj.weight'):t()), {rtol = 1e-5, atol = 1e-5, msg = act})
         check_module('mlp ' .. act, s, m, x, {eps = 5e-3})
     end
     T.raises(function() nn.MLP.new(nn.params.new(), 'm', 'relu2') end, 'not supported')

@@ -19,6 +19,7 @@
 -- Errors name the source and the key: "config.json: num_key_value_heads (32) must equal ...".
 local tensor = require 'lunar.tensor'
 local null = require('lunar.core').io.null
+local MLP = require 'lunar.nn.mlp'
 
 local fail = tensor.fail
 
@@ -26,7 +27,6 @@ local M = {}
 
 local ARCH_OF_TYPE = {glm_moe_dsa = 'GlmMoeDsaForCausalLM', glm4_moe = 'Glm4MoeForCausalLM'}
 local TYPE_OF_ARCH = {GlmMoeDsaForCausalLM = 'glm_moe_dsa', Glm4MoeForCausalLM = 'glm4_moe'}
-local ACTIVATIONS = {silu = true, gelu = true, gelu_pytorch_tanh = true, gelu_new = true, relu = true}
 
 -- field kinds: posint (> 0), nonneg (>= 0 integer), int, number, posnum (> 0), bool, string
 -- {key, kind, default, required=}; default nil = absent unless the file sets it
@@ -262,8 +262,8 @@ function M.from_table(t, src)
     cfg.architecture, cfg.model_type, cfg.source, cfg.raw = arch, mtype, src, t
     local L = cfg.num_hidden_layers
 
-    if not ACTIVATIONS[cfg.hidden_act] then
-        bad('hidden_act', "is '%s'; lunar implements silu, gelu, gelu_pytorch_tanh, gelu_new and relu", cfg.hidden_act)
+    if not MLP.ACTIVATIONS[cfg.hidden_act] then   -- the MLP and the experts implement the same list
+        bad('hidden_act', "is '%s'; lunar implements %s", cfg.hidden_act, table.concat(MLP.ACTIVATION_NAMES, ', '))
     end
     if cfg.pad_token_id and cfg.pad_token_id >= cfg.vocab_size then
         bad('pad_token_id', '(%d) must be below vocab_size (%d)', cfg.pad_token_id, cfg.vocab_size)

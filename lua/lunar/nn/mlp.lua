@@ -1,5 +1,10 @@
 -- lunar.nn.MLP: the gated MLP of GLM / Llama: y = down(act(gate(x)) * up(x)), no biases.
--- act is 'silu' (SwiGLU, the real models) or 'gelu' (exact erf GELU, HF's unit-test config).
+-- act is a hidden_act of transformers' ACT2FN that lunar implements (MLP.ACTIVATIONS):
+--   silu               x sigmoid(x) (SwiGLU, the real models; one fused op)
+--   gelu               exact GELU, x Phi(x) with the erf (HF's unit-test config)
+--   gelu_pytorch_tanh  GELU's tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+--   gelu_new           the same formula (HF writes it out in Python, torch has it built in)
+--   relu               max(x, 0); its derivative at 0 is 0, as torch's
 -- x (N, H) -> y (N, H); gate/up (I, H), down (H, I) under `name` (".gate_proj" ...).
 local ops = require 'lunar.ops'
 local Linear = require 'lunar.nn.linear'
@@ -7,10 +12,22 @@ local Linear = require 'lunar.nn.linear'
 local MLP = {}
 MLP.__index = MLP
 
-function MLP.new(store, name, act)
-    if act ~= 'silu' and act ~= 'gelu' then
-        error(('MLP %s: hidden_act %q is not supported (silu, gelu)'):format(name, tostring(act)), 2)
+-- hidden_act -> the elementwise op (lunar.ops) that computes it; silu goes through swiglu
+local ACTIVATIONS = {silu = 'silu', gelu = 'gelu', gelu_pytorch_tanh = 'gelu_tanh', gelu_new = 'gelu_tanh',
+                     relu = 'relu'}
+MLP.ACTIVATIONS = ACTIVATIONS
+MLP.ACTIVATION_NAMES = {'silu', 'gelu', 'gelu_pytorch_tanh', 'gelu_new', 'relu'}
+
+-- raises (at the caller of the caller) unless act is a hidden_act lunar implements
+function MLP.check_act(act, where)
+    if not ACTIVATIONS[act] then
+        error(('%s: hidden_act %q is not supported (%s)'):format(where, tostring(act),
+            table.concat(MLP.ACTIVATION_NAMES, ', ')), 3)
     end
+end
+
+function MLP.new(store, name, act)
+    MLP.check_act(act, 'MLP ' .. name)
     return setmetatable({
         name = name, act = act,
         gate = Linear.new(store, name .. '.gate_proj'),
@@ -22,14 +39,18 @@ end
 -- a = act(g) * u
 local function activate(act, g, u)
     if act == 'silu' then return ops.swiglu(g, u) end
-    return ops.mul(ops.gelu(g), u)
+    local a = ops[ACTIVATIONS[act]](g)
+    return ops.mul(a, u, {out = a})
 end
 
 -- dg, du of a = act(g) * u
 local function activate_backward(act, da, g, u)
     if act == 'silu' then return ops.swiglu_backward(da, g, u) end
-    local dg = ops.gelu_backward(ops.mul(da, u), g)
-    local du = ops.mul(da, ops.gelu(g))
+    local op = ACTIVATIONS[act]
+    local dg = ops.mul(da, u)
+    ops[op .. '_backward'](dg, g, {out = dg})
+    local du = ops[op](g)
+    ops.mul(du, da, {out = du})
     return dg, du
 end
 MLP.activate, MLP.activate_backward = activate, activate_backward

@@ -13,7 +13,8 @@
 --
 -- cfg holds the HF config fields: n_routed_experts (or num_local_experts), num_experts_per_tok,
 -- n_group (1), topk_group (1), norm_topk_prob (true), routed_scaling_factor (1.0),
--- n_shared_experts (1), hidden_act ('silu'); defaults in brackets.
+-- n_shared_experts (1), hidden_act ('silu'; any of lunar.nn.MLP.ACTIVATIONS, for the routed and
+-- the shared experts alike); defaults in brackets.
 --
 -- Router (f32 whatever the model dtype): l = x W^T, s = sigmoid(l), c = s + bias; with
 -- n_group > 1 each group scores the sum of its two largest c and only the best topk_group
@@ -146,9 +147,7 @@ function MoE.new(store, name, cfg, opts)
     local rc = routing_cfg(cfg, 'MoE ' .. name)
     if opts.group_fill ~= nil then rc.fill = opts.group_fill end
     local act = cfg.hidden_act or 'silu'
-    if act ~= 'silu' and act ~= 'gelu' then
-        error(('MoE %s: hidden_act %q is not supported (silu, gelu)'):format(name, tostring(act)), 2)
-    end
+    MLP.check_act(act, 'MoE ' .. name)
     local self = setmetatable({
         store = store, name = name, rc = rc, act = act,
         router_name = name .. '.gate.weight',
@@ -169,10 +168,7 @@ function MoE.new(store, name, cfg, opts)
     return self
 end
 
-local function activate(act, g, u)
-    if act == 'silu' then return ops.swiglu(g, u) end
-    return ops.mul(ops.gelu(g), u)
-end
+local activate = MLP.activate
 
 -- forward(x (N, H)[, {replay_idx = (N, K)}]) -> y (N, H), saved, {idx = (N, K) i64, weights = (N, K) f32}
 function MoE:forward(x, opts)
