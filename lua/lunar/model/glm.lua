@@ -71,7 +71,7 @@ local function build(cfg, store, opts)
     m.norm = nn.RMSNorm.new(store, 'model.norm', cfg.rms_norm_eps)
     m.lm_head = nn.Linear.new(store, cfg.tie_word_embeddings and 'model.embed_tokens' or 'lm_head')
     m.mtp = {}
-    for d = 0, (cfg.num_nextn_predict_layers or 0) - 1 do
+    for d = 0, params.mtp_layers(cfg, opts) - 1 do
         local i = cfg.num_hidden_layers + d
         local p = ('model.layers.%d'):format(i)
         m.mtp[d + 1] = {
@@ -96,14 +96,15 @@ end
 -- A model with freshly initialised weights (HF's _init_weights: normal(0, initializer_range) for
 -- linear and embedding weights, the padding row zeroed, ones for norms, zeros for biases and the
 -- router's correction bias). opts: seed, dtype (default f32), device, indexer_loss_coeff,
--- fp32_residual (keep the residual stream in f32 when dtype is bf16/f16; see build()).
+-- fp32_residual (keep the residual stream in f32 when dtype is bf16/f16; see build()), mtp
+-- (false: no MTP layer even when the config declares num_nextn_predict_layers).
 function M.new(cfg, opts)
     opts = opts or {}
     local rng = core.rng_new(opts.seed or 0):split('init')
     local store = nn.params.new()
     local std = cfg.initializer_range or 0.02
     local indexer_trainable = (opts.indexer_loss_coeff or 0) > 0
-    for _, s in ipairs(params.spec(cfg)) do
+    for _, s in ipairs(params.spec(cfg, opts)) do
         local t = core.empty(s.shape, s.dtype or opts.dtype or 'f32', opts.device)
         if s.init == 'normal' then rng:split(s.name):normal_(t, 0, std)
         elseif s.init == 'ones' then t:fill_(1)

@@ -49,8 +49,15 @@ end
 -- lunar.model.load(dir, opts) -> model
 --   opts: dtype (compute dtype of the parameters, default f32), device, indexer_loss_coeff,
 --   fp32_residual (bf16/f16: keep the residual stream between sub-blocks in f32; default off,
---   which is transformers' numerics), strict (default true: tensors the model does not know are
---   an error).
+--   which is transformers' numerics), quiet (no warning on stderr), strict:
+--     nil (default)  tensors the model does not know are an error; a checkpoint whose config
+--                    declares num_nextn_predict_layers but that holds none of the MTP layer's
+--                    tensors (what transformers' save_pretrained writes: its models have no
+--                    MTP layer) loads with the MTP layer off, and one warning says so
+--     true           that checkpoint is an error too: every tensor of the config must be there
+--     false          tensors the model does not know are skipped (the MTP rule as for nil)
+--   A checkpoint holding some but not all of the MTP layer's tensors is always an error.
+--   model.source.mtp_missing is true when the MTP layer was left out.
 function M.load(dir, opts)
     opts = opts or {}
     local cfg = cfg_of(dir)
@@ -70,15 +77,45 @@ function M.load(dir, opts)
     for k, v in pairs(split) do tensors[k] = v end
 
     local spec = params.spec(cfg)
-    local known, missing = {}, {}
+    local known, missing, missing_mtp, n_mtp = {}, {}, {}, 0
     for _, s in ipairs(spec) do
         known[s.name] = s
-        if not tensors[s.name] then missing[#missing + 1] = s.name end
+        if s.mtp then n_mtp = n_mtp + 1 end
+        if not tensors[s.name] then
+            missing[#missing + 1] = s.name
+            if s.mtp then missing_mtp[#missing_mtp + 1] = s.name end
+        end
+    end
+    local function some(list) table.sort(list); return table.concat(list, ', ', 1, math.min(#list, 5)) end
+    local L, nmtp = cfg.num_hidden_layers, cfg.num_nextn_predict_layers or 0
+    local mtp_where = nmtp > 1 and ('model.layers.%d-%d.*'):format(L, L + nmtp - 1) or ('model.layers.%d.*'):format(L)
+    -- a checkpoint without the MTP layer (transformers' models have none, so save_pretrained
+    -- writes none) runs without it, as transformers runs it; strict asks for every tensor
+    local without_mtp = n_mtp > 0 and #missing_mtp == n_mtp and #missing == n_mtp
+    if without_mtp and opts.strict == true then
+        fail(('%s: config.json declares num_nextn_predict_layers = %d, but the checkpoint holds no MTP layer '
+            .. '(%s, %d tensors, e.g. %s); strict = true requires it'):format(dir, cfg.num_nextn_predict_layers,
+            mtp_where, n_mtp, some(missing_mtp)))
+    end
+    if #missing_mtp > 0 and #missing_mtp < n_mtp then
+        fail(('%s: the MTP layer %s is incomplete: %d of its %d tensors are missing from the checkpoint, e.g. %s')
+            :format(dir, mtp_where, #missing_mtp, n_mtp, some(missing_mtp)))
+    end
+    if without_mtp then
+        local o = {}
+        for k, v in pairs(opts) do o[k] = v end
+        o.mtp, opts = false, o
+        spec, known, missing = params.spec(cfg, opts), {}, {}
+        for _, s in ipairs(spec) do known[s.name] = s end
+        if not opts.quiet then
+            _G.io.stderr:write(('lunar.model.load: %s: config.json declares num_nextn_predict_layers = %d, but the '
+                .. 'checkpoint holds no MTP layer (%s); loaded with the MTP layer off (strict = true makes '
+                .. 'this an error)\n'):format(dir, cfg.num_nextn_predict_layers, mtp_where))
+        end
     end
     if #missing > 0 then
-        table.sort(missing)
-        fail(('%s: %d tensor%s missing from the checkpoint, e.g. %s'):format(dir, #missing, #missing == 1 and ' is' or 's are',
-            table.concat(missing, ', ', 1, math.min(#missing, 5))))
+        fail(('%s: %d tensor%s missing from the checkpoint, e.g. %s'):format(dir, #missing,
+            #missing == 1 and ' is' or 's are', some(missing)))
     end
     local unexpected = {}
     for name in pairs(tensors) do if not known[name] then unexpected[#unexpected + 1] = name end end
@@ -104,7 +141,7 @@ function M.load(dir, opts)
         store:add(s.name, p, trainable)
     end
     local model = glm.from_params(cfg, store, opts)
-    model.source = {path = dir, dtypes = source_dtypes, fused = fused, metadata = metadata}
+    model.source = {path = dir, dtypes = source_dtypes, fused = fused, metadata = metadata, mtp_missing = without_mtp}
     return model
 end
 

@@ -2,10 +2,13 @@
 -- models, by name, with shapes, initialisation and trainability, derived from a validated config
 -- (lunar.model.config). Names are HF's checkpoint names (per-expert experts, as published).
 --
--- spec(cfg) -> list of {name=, shape=, init='normal'|'ones'|'zeros', trainable=bool, dtype=}
+-- spec(cfg[, {mtp = false}]) -> list of {name=, shape=, init='normal'|'ones'|'zeros',
+-- trainable=bool, dtype=, mtp=bool}
 -- The MTP layer (num_nextn_predict_layers > 0) is model.layers.<L>.*: a full decoder layer plus
--- eh_proj, enorm, hnorm and shared_head.norm; it is always carried (loaded and saved) and only
--- runs when the model is asked for the MTP loss.
+-- eh_proj, enorm, hnorm and shared_head.norm; it is carried (loaded and saved) and only runs when
+-- the model is asked for the MTP loss. {mtp = false} leaves it out: the model of a checkpoint
+-- that declares the layer in its config but holds none of its tensors (transformers'
+-- save_pretrained writes such checkpoints; see lunar.model.load).
 local M = {}
 
 local function add(list, name, shape, init, trainable, dtype)
@@ -94,7 +97,14 @@ function M.mlp_type(cfg, i)
     return cfg.mlp_layer_types[i + 1]
 end
 
-function M.spec(cfg)
+-- the number of MTP layers a model of cfg carries: num_nextn_predict_layers, or 0 with
+-- opts.mtp == false
+function M.mtp_layers(cfg, opts)
+    if opts and opts.mtp == false then return 0 end
+    return cfg.num_nextn_predict_layers or 0
+end
+
+function M.spec(cfg, opts)
     local list = {}
     local H, V = cfg.hidden_size, cfg.vocab_size
     add(list, 'model.embed_tokens.weight', {V, H}, 'normal')
@@ -105,7 +115,8 @@ function M.spec(cfg)
     if not cfg.tie_word_embeddings then add(list, 'lm_head.weight', {V, H}, 'normal') end
     -- MTP layers follow the main layers (DeepSeek-V3 / GLM layout): a MoE decoder layer with a
     -- full indexer, plus the projections that feed it.
-    for d = 0, (cfg.num_nextn_predict_layers or 0) - 1 do
+    local main = #list
+    for d = 0, M.mtp_layers(cfg, opts) - 1 do
         local i = cfg.num_hidden_layers + d
         local p = ('model.layers.%d.'):format(i)
         add(list, p .. 'enorm.weight', {H}, 'ones')
@@ -114,6 +125,7 @@ function M.spec(cfg)
         add(list, p .. 'shared_head.norm.weight', {H}, 'ones')
         layer_specs(list, cfg, i, 'sparse', cfg.model_type == 'glm_moe_dsa')
     end
+    for k = main + 1, #list do list[k].mtp = true end
     return list
 end
 
