@@ -29,16 +29,16 @@
 --
 -- File format (PEFT's): adapter_model.safetensors holds base_model.model.<module>.lora_A.weight
 -- (r, in) and .lora_B.weight (out, r); adapter_config.json has peft_type LORA, r, lora_alpha,
--- lora_dropout, target_modules, use_rslora, ... Routed experts are written per expert
--- (mlp.experts.<e>.gate_proj), the layout PEFT converts onto transformers 5's fused experts;
--- PEFT can load them only for every expert of a layer, gate_proj together with up_proj, and with
--- lora_dropout 0 (which save writes when experts are adapted). PEFT 0.21.2 also drops adapters on
--- dense MLPs and shared experts in that conversion (huggingface/peft#3711); lunar writes those
--- by full module name, the form the proposed fix keeps.
+-- lora_dropout, target_modules, target_parameters, use_rslora, ... Routed experts are written per
+-- expert (mlp.experts.<e>.gate_proj), the layout PEFT converts onto transformers 5's fused
+-- experts. The section "files" below says how the config is chosen so that an unmodified PEFT
+-- (0.21.2 on transformers 5.25) applies every adapter, and what it cannot apply: save() says so in
+-- one line and writes the merged model beside the adapters.
 local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local io = require 'lunar.io'
 local lora = require 'lunar.nn.lora'
+local ops = require 'lunar.ops'
 
 local fail = tensor.fail
 
@@ -172,33 +172,121 @@ function M.detach(model)
 end
 
 -- ---- files --------------------------------------------------------------------------------------
-
--- target_modules for adapter_config.json, written so that PEFT on transformers 5 targets what
--- lunar adapted: routed experts as the bare leaf (gate_proj, up_proj, down_proj: PEFT maps bare
--- names onto the fused expert parameters); dense MLP and shared-expert projections always by
--- full module name (a bare gate_proj would be taken for the experts); any other module by its
--- leaf when every candidate with that leaf is adapted, else by full name.
+--
+-- What PEFT (0.21.2, on transformers 5.25) does with an adapter_config.json, and so how save()
+-- writes one (facts checked against PEFT by tests/ref/make_peft_fixtures.py and check_peft.py):
+--
+-- * transformers 5 fuses the routed experts of a MoE layer into two parameters,
+--   mlp.experts.gate_up_proj (E, 2I, H) and mlp.experts.down_proj (E, H, I). PEFT rewrites every
+--   target_modules entry that is, or ends in, gate_proj / up_proj / down_proj into target_parameters
+--   gate_up_proj / down_proj, which hit the fused parameters of every MoE layer, and folds the
+--   per-expert tensors of the file into one adapter per fused parameter (gate and up at rank 2r and
+--   alpha 2 alpha, the same scale alpha / r). The fused adapter needs every expert of gate, up and
+--   down: when any routed expert is adapted, the file holds an adapter for every routed expert of
+--   every layer transformers builds, with A = B = 0 where lunar has none. Such an adapter changes
+--   nothing and training never moves it (both of its gradients are zero), so load() skips it and a
+--   checkpoint resumes with the adapters it had.
+-- * The same rewrite takes the dense MLPs' and shared experts' gate/up/down_proj, even by full
+--   module name, and their adapters are then dropped without a message (huggingface/peft#3711).
+--   They are written as target_parameters '<module>.weight' instead, which PEFT applies to the
+--   Linear's weight (its ParamWrapper) and loads from the same tensor names.
+-- * PEFT's ParamWrapper (fused experts, target_parameters) refuses lora_dropout != 0: with either
+--   in the file, lora_dropout is 0 (dropout only acts in training) unless opts.lora_dropout says
+--   otherwise.
+-- * Other modules go to target_modules: by their leaf name when every module with that leaf that
+--   transformers builds is adapted, else by full name; dense MLP / shared-expert parameters by
+--   their name within the layer ('mlp.gate_proj.weight') on the same condition.
+-- * PEFT cannot apply adapters on the MTP layer (transformers builds none: PEFT drops them without
+--   a message), nor, with use_rslora, on routed experts' gate_proj / up_proj (the fused pair is
+--   scaled by 2 alpha / sqrt(2r), sqrt(2) times lunar's alpha / sqrt(r)).
+local EXPERT = '^(model%.layers%.%d+%.mlp%.experts)%.(%d+)%.([%w_]+)$'
 local MLP_LEAF = {gate_proj = true, up_proj = true, down_proj = true}
 
-local function target_modules(store, set, cfg)
-    local adapted, out, seen = {}, {}, {}
-    local function put(v) if not seen[v] then seen[v] = true; out[#out + 1] = v end end
-    for _, name in ipairs(set.order) do adapted[name] = true end
-    local incomplete = {}
-    for _, name in ipairs((candidates(store, cfg, true))) do
-        if not adapted[name] then incomplete[name:match('([^%.]+)$')] = true end
-    end
-    for _, name in ipairs(set.order) do
-        local leaf = name:match('([^%.]+)$')
-        if name:find('%.experts%.%d+%.') then put(leaf)
-        elseif MLP_LEAF[leaf] or incomplete[leaf] then put(name)
-        else put(leaf) end
-    end
-    table.sort(out)
-    return out
+-- 'expert' (a routed expert's projection), 'mlp' (a dense MLP's or shared expert's) or 'module'
+local function kind_of(name)
+    if name:find(EXPERT) then return 'expert' end
+    if MLP_LEAF[name:match('([^%.]+)$')] and name:find('%.mlp%.') then return 'mlp' end
+    return 'module'
 end
 
--- peft.save(model, dir[, {base_model_name_or_path =, dtype =, lora_dropout =}])
+-- the name that stands for every module like `name` in PEFT's suffix match
+local function short_of(name, kind)
+    if kind == 'mlp' then return (name:gsub('^model%.layers%.%d+%.', '')) end
+    return name:match('([^%.]+)$')
+end
+
+-- The layout of the adapter set in PEFT's terms: {target_modules, target_parameters, pads = {name
+-- -> {out, in}} (zero adapters the fused experts need), gaps = {what PEFT cannot apply, ...}}
+local function peft_layout(store, set, cfg)
+    local n_hf = cfg and cfg.num_hidden_layers
+    local function built(name) local L = layer_of(name); return not (n_hf and L and L >= n_hf) end
+    local adapted = {}
+    for _, name in ipairs(set.order) do adapted[name] = true end
+    local list, info = candidates(store, cfg, true)
+    local incomplete = {}
+    for _, name in ipairs(list) do
+        if built(name) and not adapted[name] then incomplete[short_of(name, kind_of(name))] = true end
+    end
+    local modules, params, seen = {}, {}, {}
+    local function put(t, v) if not seen[v] then seen[v] = true; t[#t + 1] = v end end
+    local mtp, rs_fused, experts = {}, 0, false
+    for _, name in ipairs(set.order) do
+        local kind = kind_of(name)
+        if not built(name) then
+            mtp[#mtp + 1] = name
+        elseif kind == 'expert' then
+            experts = true
+            local leaf = name:match('([^%.]+)$')
+            if set.modules[name].rslora and leaf ~= 'down_proj' then rs_fused = rs_fused + 1 end
+        else
+            local short = short_of(name, kind)
+            local full = not incomplete[short]
+            if kind == 'mlp' then put(params, (full and short or name) .. '.weight')
+            else put(modules, full and short or name) end
+        end
+    end
+    local pads = {}
+    if experts then
+        for _, leaf in ipairs({'down_proj', 'gate_proj', 'up_proj'}) do put(modules, leaf) end
+        for _, name in ipairs(list) do
+            if built(name) and kind_of(name) == 'expert' and not adapted[name] then
+                pads[name] = {info[name].out, info[name]['in']}
+            end
+        end
+    end
+    local gaps = {}
+    if #mtp > 0 then
+        local layers, seen_l = {}, {}
+        for _, name in ipairs(mtp) do
+            local L = layer_of(name)
+            if not seen_l[L] then seen_l[L] = true; layers[#layers + 1] = 'model.layers.' .. L end
+        end
+        gaps[#gaps + 1] = ('%d adapter(s) on the MTP layer (%s), which transformers does not build'):format(
+            #mtp, table.concat(layers, ', '))
+    end
+    if rs_fused > 0 then
+        gaps[#gaps + 1] = ('%d adapter(s) on routed experts\' gate_proj/up_proj with use_rslora (PEFT fuses each pair '
+            .. 'at rank 2r and scales it by 2 alpha / sqrt(2r), not alpha / sqrt(r))'):format(rs_fused)
+    end
+    table.sort(modules)
+    table.sort(params)
+    return {target_modules = modules, target_parameters = params, pads = pads, gaps = gaps}
+end
+
+local function write_text(path, text, who)
+    local tmp = ('%s.tmp.%d'):format(path, os.time())
+    local fh = _G.io.open(tmp, 'wb')
+    if not fh then fail(who .. ': cannot write ' .. tmp) end
+    fh:write(text)
+    fh:close()
+    local ok, err = os.rename(tmp, path)
+    if not ok then fail(('%s: cannot rename %s to %s: %s'):format(who, tmp, path, tostring(err))) end
+end
+
+-- peft.save(model, dir[, {base_model_name_or_path =, dtype =, lora_dropout =, merged =}]) -> dir, gaps
+-- gaps lists what PEFT cannot apply (see above). When there is any, save prints one line naming it
+-- and writes the merged model (peft.save_merged) to opts.merged or <dir>/merged; merged = false
+-- does neither (a file only lunar reads back, such as a training checkpoint).
 function M.save(model, dir, o)
     o = o or {}
     local store, m = store_of(model)
@@ -217,41 +305,51 @@ function M.save(model, dir, o)
         tensors[PREFIX .. ad.a_name] = A:to(o.dtype or A:dtype(), 'cpu')
         tensors[PREFIX .. ad.b_name] = B:to(o.dtype or B:dtype(), 'cpu')
     end
-    -- PEFT wraps transformers 5's fused experts in a ParamWrapper, which refuses lora_dropout != 0:
-    -- with routed experts adapted the file says 0 (dropout only matters in training) unless
-    -- opts.lora_dropout says otherwise
-    local has_experts = false
-    for _, name in ipairs(set.order) do if name:find('%.experts%.%d+%.') then has_experts = true break end end
-    if o.lora_dropout ~= nil then p = o.lora_dropout elseif has_experts then p = 0 end
+    local layout = peft_layout(store, set, m and m.cfg)
+    for name, shape in pairs(layout.pads) do
+        tensors[PREFIX .. name .. '.lora_A.weight'] = core.empty({r, shape[2]}, o.dtype or set.dtype, 'cpu'):fill_(0)
+        tensors[PREFIX .. name .. '.lora_B.weight'] = core.empty({shape[1], r}, o.dtype or set.dtype, 'cpu'):fill_(0)
+    end
+    local wrapped = #layout.target_parameters > 0 or next(layout.pads) ~= nil
+    for _, name in ipairs(set.order) do if name:find(EXPERT) then wrapped = true break end end
+    if o.lora_dropout ~= nil then p = o.lora_dropout elseif wrapped then p = 0 end
     local base = o.base_model_name_or_path or (set.config and set.config.base_model_name_or_path)
         or (m and m.source and m.source.path) or io.null
     local cfg = {
         base_model_name_or_path = base, bias = 'none', fan_in_fan_out = false, inference_mode = true,
         init_lora_weights = true, lora_alpha = alpha, lora_dropout = p, modules_to_save = io.null,
         peft_type = 'LORA', r = r, revision = io.null,
-        target_modules = io.array(target_modules(store, set, m and m.cfg)),
+        target_modules = io.array(layout.target_modules),
         task_type = 'CAUSAL_LM', use_dora = false, use_rslora = rs,
     }
+    if #layout.target_parameters > 0 then cfg.target_parameters = io.array(layout.target_parameters) end
     io.mark_float(cfg, 'lora_dropout')
     if alpha ~= math.floor(alpha) then io.mark_float(cfg, 'lora_alpha') end
     os.execute(('mkdir -p %q'):format(dir))
     -- PEFT writes json.dumps(indent=2, sort_keys=True) without a final newline: so do we
-    local text = io.encode_json(cfg):gsub('\n$', '')
-    local path = dir .. '/adapter_config.json'
-    local tmp = ('%s.tmp.%d'):format(path, os.time())
-    local fh = _G.io.open(tmp, 'wb')
-    if not fh then fail('peft.save: cannot write ' .. tmp) end
-    fh:write(text)
-    fh:close()
-    local ok, err = os.rename(tmp, path)
-    if not ok then fail(('peft.save: cannot rename %s to %s: %s'):format(tmp, path, tostring(err))) end
+    write_text(dir .. '/adapter_config.json', (io.encode_json(cfg):gsub('\n$', '')), 'peft.save')
     io.save_safetensors(dir .. '/adapter_model.safetensors', tensors, {metadata = {format = 'pt'}})
-    return dir
+    if #layout.gaps > 0 and o.merged ~= false then
+        local line = 'peft.save: ' .. dir .. ': PEFT cannot apply ' .. table.concat(layout.gaps, '; ')
+        if m and m.save_hf then
+            local mdir = type(o.merged) == 'string' and o.merged or dir .. '/merged'
+            M.save_merged(model, mdir)
+            line = line .. '; the merged model is in ' .. mdir
+        else
+            line = line .. '; a parameter store has no merged model to write (peft.merge it into a lunar model)'
+        end
+        _G.io.stderr:write(line .. '\n')
+    end
+    return dir, layout.gaps
 end
+
+local function is_zero(t) return ops.max(ops.abs(t)):item() == 0 end
 
 local function shape_str(t) return '(' .. table.concat(t:size(), ', ') .. ')' end
 
--- peft.load(model, dir[, {dtype = 'f32', seed = 0}]) -> the attached adapter set
+-- peft.load(model, dir[, {dtype = 'f32', seed = 0}]) -> the attached adapter set. The tensors
+-- decide which modules get adapters (target_modules / target_parameters are PEFT's business); a
+-- pair with A = B = 0 (save's padding of the fused experts) is skipped.
 function M.load(model, dir, o)
     o = o or {}
     local store = store_of(model)
@@ -298,8 +396,11 @@ function M.load(model, dir, o)
             fail(('%s: %s has lora_A %s and lora_B %s, expected (%d, %d) and (%d, %d) for r = %d and weight %s'):format(
                 wpath, mod, shape_str(A), shape_str(B), r, in_f, out_f, r, r, shape_str(W)))
         end
-        set:add(mod, out_f, in_f, {r = r, alpha = alpha, dropout = dropout, rslora = set.config.rslora, A = A, B = B,
-            device = W:device()})
+        -- A = B = 0: a no-op that training never moves (save pads the fused experts with them)
+        if not (is_zero(A) and is_zero(B)) then
+            set:add(mod, out_f, in_f, {r = r, alpha = alpha, dropout = dropout, rslora = set.config.rslora, A = A, B = B,
+                device = W:device()})
+        end
     end
     f:close()
     freeze(store, set)
@@ -314,7 +415,7 @@ local function merged_weight(store, ad)
     local W = store:get(ad.name .. '.weight')
     local d = lora.delta(ad)
     local out = core.convert(W, 'f32')
-    out = require('lunar.ops').add_(out, d:to(W:device()))
+    out = ops.add_(out, d:to(W:device()))
     return out:to(W:dtype())
 end
 

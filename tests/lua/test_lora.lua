@@ -331,18 +331,13 @@ T:test('save -> load round trip: tensors and logits identical; target_modules', 
     local cfg = io_.read_json(dir .. '/adapter_config.json')
     T.equal(cfg.r, 3, 'r'); T.equal(cfg.lora_alpha, 5, 'alpha'); T.close(cfg.lora_dropout, 0.05, {rtol = 0})
     assert(cfg.peft_type == 'LORA' and cfg.task_type == 'CAUSAL_LM' and cfg.base_model_name_or_path:find('glm5_dsa'))
-    -- routed experts and complete leaves bare; the dense MLP (layer 0) and shared experts by name
+    -- routed experts and complete leaves bare in target_modules; the dense MLP (layer 0) and the
+    -- shared experts as target_parameters (PEFT would take them for routed experts), also bare
     local tm = table.concat(cfg.target_modules, ',')
-    local want = {'down_proj', 'gate_proj', 'kv_a_proj_with_mqa', 'kv_b_proj'}
-    for _, m in ipairs({'down_proj', 'gate_proj', 'up_proj'}) do want[#want + 1] = 'model.layers.0.mlp.' .. m end
-    for L = 1, 3 do
-        for _, m in ipairs({'down_proj', 'gate_proj', 'up_proj'}) do
-            want[#want + 1] = ('model.layers.%d.mlp.shared_experts.%s'):format(L, m)
-        end
-    end
-    for _, m in ipairs({'o_proj', 'q_a_proj', 'q_b_proj', 'up_proj'}) do want[#want + 1] = m end
-    table.sort(want)
-    assert(tm == table.concat(want, ','), tm)
+    assert(tm == 'down_proj,gate_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj,q_a_proj,q_b_proj,up_proj', tm)
+    local tp = table.concat(cfg.target_parameters, ',')
+    assert(tp == 'mlp.down_proj.weight,mlp.gate_proj.weight,mlp.shared_experts.down_proj.weight,'
+        .. 'mlp.shared_experts.gate_proj.weight,mlp.shared_experts.up_proj.weight,mlp.up_proj.weight', tp)
     local f = io_.safetensors_open(dir .. '/adapter_model.safetensors')
     local keys = f:keys()
     T.equal(#keys, 2 * #set.order, 'tensors in the file')
@@ -362,9 +357,11 @@ T:test('save -> load round trip: tensors and logits identical; target_modules', 
     peft.save(m3, dir3)
     local c3 = io_.read_json(dir3 .. '/adapter_config.json')
     T.equal(c3.lora_dropout, 0, 'experts: dropout 0')
-    -- experts 0 and 1 of layer 1: bare gate_proj, down_proj; o_proj of every layer: bare
+    -- experts 0 and 1 of layer 1: the fused experts need gate, up and down of every expert (the
+    -- others are zero in the file); o_proj of every layer: bare
     local got = table.concat(c3.target_modules, ',')
-    assert(got == 'down_proj,gate_proj,o_proj', got)
+    assert(got == 'down_proj,gate_proj,o_proj,up_proj', got)
+    assert(c3.target_parameters == nil, 'no target_parameters')
     local m4 = load_model('glm5_dsa')
     peft.apply(m4, {targets = {'^model%.layers%.[01]%.self_attn%.o_proj$'}, dropout = 0.1})
     peft.save(m4, dir3)

@@ -1,24 +1,24 @@
 #!/usr/bin/env python3
-"""Oracle check of a LoRA adapter that lunar trained and saved (lunar.peft.save), and of its merged
-export (lunar.peft.save_merged). Developer machines only (needs torch, transformers 5.25.0, peft).
+"""Oracle check of a LoRA adapter that lunar saved (lunar.peft.save), and of its merged export
+(lunar.peft.save_merged), with an unmodified PEFT. Developer machines only (needs torch,
+transformers 5.25.0, peft).
 
-    ./build-cpu/lunar tests/ref/oracle_peft.lua CASE OUT [peft|all]
+    ./build/lunar tests/ref/oracle_peft.lua CASE OUT            # a fixture model, 5 AdamW steps
+    ./build/lunar tests/ref/peft_reference.lua RUN/final OUT    # the lora recipe's output.dir
     python3 tests/ref/check_peft.py OUT [--tol 1e-5]
 
 OUT/adapter                    adapter_config.json + adapter_model.safetensors (PEFT's format);
-                               base_model_name_or_path is the fixture checkpoint it was trained on
+                               base_model_name_or_path is the base checkpoint
 OUT/merged                     the merged HF checkpoint
 OUT/lunar_reference.safetensors  inputs and lunar's logits with the adapters (eval mode)
 
 1. Loads the base checkpoint with transformers (fp32, eager attention and experts), puts the
-   adapter on it with peft.PeftModel.from_pretrained, checks that PEFT adapted every module the
-   file holds adapters for (exit 3 otherwise, listing the ones it dropped), runs the saved inputs
-   and compares the logits with lunar's: max|diff| / max|logit| <= tol (exit 1 otherwise).
-   --emulate-peft-3715: PEFT 0.21.2 retargets every gate/up/down_proj target to transformers 5's
-   fused expert parameters, so adapters on dense MLPs and shared experts are dropped
-   (huggingface/peft#3711). With this flag the config conversion is wrapped to keep dotted
-   targets that name existing modules as module targets, which is what the proposed fix
-   (huggingface/peft#3715) does; the adapter weights themselves go through PEFT unchanged.
+   adapter on it with peft.PeftModel.from_pretrained, then loads the file's tensors once more with
+   PEFT's own set_peft_model_state_dict to see where they go: every tensor must land on a LoRA
+   parameter and every LoRA parameter must get one (exit 3 otherwise, listing them; tensors of
+   the MTP layer, which transformers does not build, are only counted: lunar's save reports
+   those). Runs the saved inputs and compares the logits with lunar's: max|diff| / max|logit| <=
+   tol (exit 1 otherwise).
 2. Reloads OUT/merged strictly (tests/ref/check_export.py: no missing / unexpected keys except the
    MTP layer; exit 2) and compares its logits with lunar's the same way.
 """
@@ -34,60 +34,51 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import check_export  # noqa: E402
 
 
-def expected_modules(adapter_dir):
+def file_keys(adapter_dir):
     from safetensors import safe_open
-    mods = set()
     with safe_open(os.path.join(adapter_dir, "adapter_model.safetensors"), "pt") as f:
-        for k in f.keys():
-            m = re.match(r"^base_model\.model\.(.+)\.lora_[AB]\.weight$", k)
-            if not m:
-                raise SystemExit(f"check_peft: unexpected tensor {k} in the adapter")
-            mods.add(m.group(1))
-    return mods
+        keys = sorted(f.keys())
+    for k in keys:
+        if not re.match(r"^base_model\.model\.(.+)\.lora_[AB]\.weight$", k):
+            raise SystemExit(f"check_peft: unexpected tensor {k} in the adapter")
+    return keys
 
 
-def adapted_modules(pm, wanted):
-    """The modules of `wanted` (lunar's per-expert names) that PEFT adapted on the HF model."""
-    names = dict(pm.base_model.model.named_modules())
-    done = set()
-    for mod in wanted:
-        m = re.match(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)$", mod)
-        if m:
-            # transformers 5 fuses the experts: PEFT wraps experts.gate_up_proj / experts.down_proj
-            # (ParamWrapper, nested: the outer one is registered at `experts`)
-            prefix = m.group(1)
-            found = False
-            for n, x in names.items():
-                if n.startswith(prefix) and hasattr(x, "lora_A") and "default" in getattr(x, "lora_A", {}):
-                    pn = getattr(x, "parameter_name", "")
-                    want = "down_proj" if m.group(3) == "down_proj" else "gate_up_proj"
-                    if pn == want:
-                        found = True
-            if found:
-                done.add(mod)
-        else:
-            x = names.get(mod)
-            if x is not None and hasattr(x, "lora_A") and "default" in x.lora_A:
-                done.add(mod)
-    return done
+def load_peft(base_dir, adapter_dir):
+    """The transformers model with the adapter, as PeftModel.from_pretrained builds it."""
+    from peft import PeftModel
+    base, _ = check_export.load_model(base_dir)
+    return PeftModel.from_pretrained(base, adapter_dir).eval()
 
 
-def emulate_peft_3715():
-    import peft.tuners.tuners_utils  # noqa: F401 (imports the conversion lazily)
-    from peft.utils import transformers_weight_conversion as twc
-    orig = twc._convert_peft_config_moe
+def peft_facts(pm, adapter_dir):
+    """What PEFT made of the adapter: its LoRA layers (module, wrapped parameter or None, r,
+    scaling, lora_A and lora_B shapes) and where the file's tensors went (LoRA parameters left
+    without a tensor, tensors that found no parameter)."""
+    from peft.utils import load_peft_weights, set_peft_model_state_dict
+    layers = []
+    for name, m in pm.base_model.model.named_modules():
+        lora_a = getattr(m, "lora_A", None)
+        if lora_a is None or "default" not in lora_a:
+            continue
+        layers.append({
+            "module": re.sub(r"(\.base_layer)+$", "", name),
+            "parameter": getattr(m, "parameter_name", None),
+            "r": int(m.r["default"]),
+            "scaling": float(m.scaling["default"]),
+            "lora_A": list(lora_a["default"].weight.shape),
+            "lora_B": list(m.lora_B["default"].weight.shape),
+        })
+    layers.sort(key=lambda x: (x["module"], x["parameter"] or ""))
+    res = set_peft_model_state_dict(pm, load_peft_weights(adapter_dir, device="cpu"), adapter_name="default")
+    missing = sorted(k for k in res.missing_keys if ".lora_" in k)
+    return {"layers": layers, "missing_keys": missing, "unexpected_keys": sorted(res.unexpected_keys)}
 
-    def patched(peft_config, model):
-        modules = {n for n, _ in model.named_modules()}
-        tm = peft_config.target_modules
-        keep = set()
-        if isinstance(tm, (list, set)):
-            keep = {t for t in tm if "." in t and t in modules and ".experts." not in t}
-            peft_config.target_modules = set(tm) - keep
-        orig(peft_config, model)
-        if keep:
-            peft_config.target_modules = set(peft_config.target_modules or set()) | keep
-    twc._convert_peft_config_moe = patched
+
+def mtp_layers(base_dir):
+    cfg = json.load(open(os.path.join(base_dir, "config.json")))
+    L, n = cfg["num_hidden_layers"], int(cfg.get("num_nextn_predict_layers") or 0)
+    return lambda key: any(f"model.layers.{i}." in key for i in range(L, L + n))
 
 
 def logits_ratio(model, ref):
@@ -106,13 +97,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out")
     ap.add_argument("--tol", type=float, default=1e-5)
-    ap.add_argument("--emulate-peft-3715", action="store_true")
     a = ap.parse_args()
-    if a.emulate_peft_3715:
-        emulate_peft_3715()
     import peft
     import transformers
-    from peft import PeftModel
     from safetensors.torch import load_file
     transformers.logging.set_verbosity_error()
     adapter = os.path.join(a.out, "adapter")
@@ -121,20 +108,22 @@ def main():
     ref = load_file(os.path.join(a.out, "lunar_reference.safetensors"))
     print(f"transformers {transformers.__version__}, peft {peft.__version__}, torch {torch.__version__}")
 
-    base, _ = check_export.load_model(base_dir)
-    pm = PeftModel.from_pretrained(base, adapter).eval()
-    wanted = expected_modules(adapter)
-    done = adapted_modules(pm, wanted)
-    dropped = sorted(wanted - done)
-    print(f"adapter: {len(wanted)} modules in the file, r {cfg['r']}, alpha {cfg['lora_alpha']}; "
-          f"PEFT adapted {len(done)}")
+    pm = load_peft(base_dir, adapter)
+    keys = file_keys(adapter)
+    facts = peft_facts(pm, adapter)
+    is_mtp = mtp_layers(base_dir)
+    dropped = [k for k in facts["unexpected_keys"] if not is_mtp(k)]
+    mtp = len(facts["unexpected_keys"]) - len(dropped)
+    print(f"adapter: {len(keys)} tensors, r {cfg['r']}, alpha {cfg['lora_alpha']}; PEFT built "
+          f"{len(facts['layers'])} LoRA layers, {len(facts['missing_keys'])} LoRA parameters without a tensor, "
+          f"{len(dropped)} tensors dropped" + (f" (and {mtp} of the MTP layer)" if mtp else ""))
     diff, scale, ratio, loss = logits_ratio(pm, ref)
     print(f"PEFT logits vs lunar: max abs diff {diff:.3e}, max abs logit {scale:.3e}, ratio {ratio:.3e}")
     if loss is not None and "loss" in ref:
         print(f"  loss PEFT {float(loss):.8f}  lunar {float(ref['loss'][0]):.8f}")
     status = 0
-    if dropped:
-        print(f"PEFT did not adapt {len(dropped)} module(s), e.g. {dropped[:4]}")
+    if dropped or facts["missing_keys"]:
+        print(f"FAIL: PEFT dropped {dropped[:4]} ..., left {facts['missing_keys'][:4]} ... without a tensor")
         status = 3
     elif ratio > a.tol:
         print(f"FAIL: PEFT logits ratio {ratio:.3e} > tol {a.tol:.1e}")

@@ -3,28 +3,24 @@
 -- tests/ref/check_peft.py (HF PEFT loads the adapter onto the transformers model; transformers
 -- reloads the merged export strictly).
 --
---   ./build-cpu/lunar tests/ref/oracle_peft.lua CASE OUTDIR [SCOPE]
+--   ./build/lunar tests/ref/oracle_peft.lua CASE OUTDIR
 --   python3 tests/ref/check_peft.py OUTDIR
 --
--- SCOPE 'peft' (default): every linear map PEFT can load onto transformers 5: attention
--- projections and every routed expert's gate/up/down_proj. SCOPE 'all': also the dense MLPs and
--- the shared experts (PEFT 0.21.2 drops those when it converts the adapter to transformers 5's
--- fused experts, huggingface/peft#3711; the merged export still covers them).
+-- The adapters cover every linear map (all-linear): attention projections, dense MLPs, shared
+-- experts and every routed expert's gate/up/down_proj.
 local lunar = require 'lunar'
 local io_ = require 'lunar.io'
 local peft = require 'lunar.peft'
 local optim = require 'lunar.optim'
 
-local case, out, scope = arg[1] or 'glm5_dsa', arg[2] or '/tmp/lunar_peft_oracle', arg[3] or 'peft'
+local case, out = arg[1] or 'glm5_dsa', arg[2] or '/tmp/lunar_peft_oracle'
 local dir = 'tests/fixtures/models/' .. case
 local model = lunar.model.load(dir)
 local ref = io_.load_checkpoint(dir .. '/reference.safetensors')
 local batch = {input_ids = ref.input_ids, labels = ref.labels, position_ids = ref.position_ids,
                attention_mask = ref.attention_mask, cu_seqlens = ref.cu_seqlens}
 
-local exclude = {}
-if scope == 'peft' then exclude = {'^model%.layers%.%d+%.mlp%.%a+_proj$', '^model%.layers%.%d+%.mlp%.shared_experts%.'} end
-local set = peft.apply(model, {targets = {'all-linear'}, exclude = exclude, r = 4, alpha = 8, dropout = 0.05, seed = 7})
+local set = peft.apply(model, {targets = {'all-linear'}, r = 4, alpha = 8, dropout = 0.05, seed = 7})
 local opt = optim.AdamW.new(set.params, {lr = 2e-2, weight_decay = 0.01, clip = 1.0})
 local first
 for step = 1, 5 do
@@ -43,5 +39,5 @@ local saved = {input_ids = ref.input_ids, position_ids = ref.position_ids, label
                logits = after.logits, loss = lunar.tensor({after.loss})}
 if ref.attention_mask then saved.attention_mask = ref.attention_mask end
 io_.save_safetensors(out .. '/lunar_reference.safetensors', saved)
-print(('%s (%s): %d adapters, loss %.6f before training, %.6f after 5 steps; written to %s'):format(
-    case, scope, #set.order, first, after.loss, out))
+print(('%s: %d adapters, loss %.6f before training, %.6f after 5 steps; written to %s'):format(
+    case, #set.order, first, after.loss, out))
