@@ -12,6 +12,9 @@
  *   sequences, documents, tokens; finish(); abort(). A writer collected unfinished is aborted
  *   (its temporary files removed).
  * core.data.list_dir(path) -> sorted file names, sorted directory names (no . and ..).
+ * core.data.utf8_error(s) -> nil if s is valid UTF-8, else the 1-based byte offset of the first
+ *   invalid sequence (a stray or missing continuation byte, an overlong form, a surrogate, a
+ *   code point above U+10FFFF, a sequence cut by the end).
  */
 #include <dirent.h>
 #include <errno.h>
@@ -314,6 +317,45 @@ static int l_list_dir(lua_State *L) {
     return 2;
 }
 
+/* the length of the valid UTF-8 sequence at p (n bytes left), or 0 if it is not one */
+static size_t utf8_sequence(const unsigned char *p, size_t n) {
+    unsigned c = p[0];
+    if (c < 0x80) return 1;
+    size_t len;
+    unsigned lo = 0x80, hi = 0xBF;   /* the range of the second byte */
+    if (c >= 0xC2 && c <= 0xDF) len = 2;
+    else if (c >= 0xE0 && c <= 0xEF) {
+        len = 3;
+        if (c == 0xE0) lo = 0xA0;         /* overlong */
+        else if (c == 0xED) hi = 0x9F;    /* surrogates U+D800..U+DFFF */
+    } else if (c >= 0xF0 && c <= 0xF4) {
+        len = 4;
+        if (c == 0xF0) lo = 0x90;         /* overlong */
+        else if (c == 0xF4) hi = 0x8F;    /* above U+10FFFF */
+    } else {
+        return 0;
+    }
+    if (n < len || p[1] < lo || p[1] > hi) return 0;
+    for (size_t i = 2; i < len; i++)
+        if ((p[i] & 0xC0) != 0x80) return 0;
+    return len;
+}
+
+static int l_utf8_error(lua_State *L) {
+    size_t n;
+    const unsigned char *s = (const unsigned char *)luaL_checklstring(L, 1, &n);
+    for (size_t i = 0; i < n;) {
+        size_t len = utf8_sequence(s + i, n - i);
+        if (len == 0) {
+            lua_pushinteger(L, (lua_Integer)i + 1);
+            return 1;
+        }
+        i += len;
+    }
+    lua_pushnil(L);
+    return 1;
+}
+
 void lunar_lua_open_data(lua_State *L) {
     static const luaL_Reg ds_methods[] = {
         {"close", l_close}, {"prefix", l_prefix}, {"dtype", l_dtype}, {"dtype_code", l_dtype_code},
@@ -343,7 +385,7 @@ void lunar_lua_open_data(lua_State *L) {
     lua_pop(L, 1);
 
     static const luaL_Reg fns[] = {{"indexed_open", l_open}, {"indexed_writer", l_writer}, {"list_dir", l_list_dir},
-                                   {NULL, NULL}};
+                                   {"utf8_error", l_utf8_error}, {NULL, NULL}};
     lua_newtable(L);
     lunar_lua_setfuncs(L, fns);
     lua_setfield(L, -2, "data");

@@ -145,6 +145,15 @@ static int l_show_tracebacks(lua_State *L) {
     return 0;
 }
 
+/* core.errors_debugged() -> true under lunar --traceback or --repl-on-error: code that turns
+ * errors into user errors (one line) lets them pass as they are, with their stack */
+static int l_errors_debugged(lua_State *L) {
+    lua_getfield(L, LUA_REGISTRYINDEX, "lunar.traceback");
+    lua_getfield(L, LUA_REGISTRYINDEX, "lunar.repl_on_error");
+    lua_pushboolean(L, lua_toboolean(L, -1) || lua_toboolean(L, -2));
+    return 1;
+}
+
 /* 1 if error value 1 is a user error to be reported without a traceback */
 static int is_plain_user_error(lua_State *L) {
     if (lua_type(L, 1) != LUA_TSTRING) return 0;
@@ -188,7 +197,7 @@ static int open_core(lua_State *L) {
         {"overrides", l_overrides},   {"is_override", l_is_override}, {"repl", l_repl},
         {"clock", l_clock},           {"error_site", l_error_site},   {"error_stack", l_error_stack},
         {"reraise", l_reraise},       {"user_error", l_user_error},
-        {"show_tracebacks", l_show_tracebacks}, {NULL, NULL},
+        {"show_tracebacks", l_show_tracebacks}, {"errors_debugged", l_errors_debugged}, {NULL, NULL},
     };
     lunar_lua_setfuncs(L, fns);
     return 1;

@@ -38,7 +38,6 @@ return {
         train = {steps = 600, log_every = 10},
         optim = {lr = 2.5e-3, min_lr = 2e-4, warmup = 40, weight_decay = 0.1},
         checkpoint = {every = 200, keep_last = 2},
-        output = {dir = 'runs/tiny_sft/final'},
         expect_loss_fall = 0.5,      -- the main job fails unless the loss halves (it reaches ~54%)
     },
     pretrain = {

@@ -369,7 +369,7 @@ end)
 local common = dofile('recipes/common.lua')
 
 local function recipe(kind, dev, dir, extra)
-    local o = {quiet = true, expect_loss_fall = false, data = {limit = 8, seq_len = 128, micro_batch = 2},
+    local o = {quiet = true, expect_loss_fall = false, data = {limit = 8, seq_len = 128, micro_batch = 2, max_rejected = 0.5},
                checkpoint = {dir = dir .. '/ckpt', every = 1, keep_last = 2}, metrics = {dir = dir},
                output = {dir = false}, train = {steps = 2, log_every = 100, grad_accum = 1}, optim = {warmup = 1},
                model = {device = dev}}

@@ -286,7 +286,7 @@ T:test('a logged run: JSONL lines and events (tags, steps, float32 values) agree
     end
 end)
 
-T:test('progress bar, log_every, and no output with progress = false', function()
+T:test('progress bar, log_every, no output with progress = false and summary = false, the summary without progress', function()
     local sink = {}
     local out = {write = function(_, ...) for _, s in ipairs({...}) do sink[#sink + 1] = s end end, flush = function() end}
     local m = metrics.new{total_steps = 4, progress = 'bar', out = out, clock = fake_clock({0, 1, 2, 3, 4}), summary = false}
@@ -306,10 +306,16 @@ T:test('progress bar, log_every, and no output with progress = false', function(
     for s in table.concat(sink):gmatch('step (%d)/5') do steps[#steps + 1] = tonumber(s) end
     T.equal(steps, {1, 2, 4, 5}, 'printed steps')
     sink = {}
+    m = metrics.new{progress = false, out = out, summary = false}
+    m:log(1, {loss = 1})
+    m:note('checkpoint step 1')
+    m:close()
+    T.equal(#sink, 0, 'silent')
+    -- without progress lines (a quiet run) the summary is still printed at the end
     m = metrics.new{progress = false, out = out}
     m:log(1, {loss = 1})
     m:close()
-    T.equal(#sink, 0, 'silent')
+    assert(table.concat(sink):find('Run summary: 1 step', 1, true), 'the summary of a quiet run')
 end)
 
 T:test('a resumed run drops the JSONL lines after start_step and appends', function()

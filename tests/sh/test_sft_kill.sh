@@ -8,7 +8,7 @@ case $LUNAR in /*) ;; *) LUNAR=$(pwd)/$LUNAR ;; esac
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/lunar-sft-kill.XXXXXX")
 trap '[ -n "${KEEP:-}" ] || rm -rf "$TMP"' EXIT INT TERM
 fail() { echo "FAIL: $*" >&2; exit 1; }
-ARGS="quiet=true expect_loss_fall=false data.limit=48 data.seq_len=128 data.micro_batch=2 train.steps=6 optim.warmup=1 checkpoint.every=2 output.dir=false"
+ARGS="quiet=true expect_loss_fall=false data.limit=48 data.seq_len=128 data.max_rejected=0.5 data.micro_batch=2 train.steps=6 optim.warmup=1 checkpoint.every=2 output.dir=false"
 
 run() { # dir [env]
     "$LUNAR" recipes/sft.lua $ARGS checkpoint.dir="$1/ckpt" metrics.dir="$1"

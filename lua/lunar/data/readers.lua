@@ -5,13 +5,13 @@
 --     rows[i] = {messages = {{role=, content=, ...}, ...}, tools = <the row's tools list or nil>,
 --     id =, file =, line =, raw = <object>}. A row with tools or tool calls is decoded keeping
 --     its objects' key order (lunar.pyjson), since the templates write them out as JSON.
---     Rejected: invalid_json, not_object, missing_field (no messages, a message without role or
---     content), wrong_type (messages not an array, a message not an object, role or content not a
---     string, tools not an array), empty_conversation (messages = []), bad_role (a role not in
---     `roles`, default the ones the GLM templates render: system/user/assistant/tool),
---     no_assistant (no assistant turn to train on, when
---     require_assistant). An assistant message may have a null or missing content when it has
---     tool_calls.
+--     Rejected: invalid_utf8 (a line that is not UTF-8), invalid_json, not_object, missing_field
+--     (no messages, a message without role or content), wrong_type (messages not an array, a
+--     message not an object, role or content not a string, tools not an array),
+--     empty_conversation (messages = []), bad_role (a role not in `roles`, default the ones the
+--     GLM templates render: system/user/assistant/tool), no_assistant (no assistant turn to
+--     train on, when require_assistant). An assistant message may have a null or missing content
+--     when it has tool_calls.
 --   local rows, rep = data.read_prompt_answer(paths, {prompt = 'question', answer = 'answer',
 --       system = nil, limit =, report =})
 --     rows[i] = {prompt =, answer =, system =, id =, file =, line =, raw =}; answer = false reads
@@ -22,12 +22,13 @@
 --     rows[i] = {text =, file =, line = first line}: 'blank' splits at runs of blank
 --     (whitespace-only) lines, 'file' makes each file one document (a directory: its regular
 --     files in name order, not recursive), 'line' makes each non-blank line one document.
---     Empty files count as empty_text.
+--     Empty files count as empty_text, documents that are not valid UTF-8 as invalid_utf8.
 --   local docs, rep = data.tokenize(rows, fn, {max_len =, overlong = 'drop' | 'truncate' | 'split', report =})
 --     fn(row) -> ids (a Lua list or a tensor of token ids) [, mask (list of 0/1, 1 = a token to
 --     predict)]; docs[i] = {ids =, mask =, file =, line =, row = row}. Rejected: too_long (more
---     than max_len tokens when overlong = 'drop', the default), empty (no token), tokenize_error
---     (fn raised; the message is the detail). With report = the reader's report, rejected rows
+--     than max_len tokens when overlong = 'drop', the default), empty (no token), no_target (a
+--     mask with no 1, or none in the max_len tokens kept: nothing to train on), tokenize_error
+--     (fn raised; the message is the detail). A 'split' piece with no 1 in its mask is left out. With report = the reader's report, rejected rows
 --     move from its good count to its bad counts. Kept but changed: 'truncate' keeps the first
 --     max_len tokens, 'split' every max_len-token piece as its own document; either is counted
 --     with its locations as rep.notes.truncated / rep.notes.split (rep:where_noted(what)).
@@ -43,6 +44,7 @@ local pyjson = require 'lunar.pyjson'
 local M = {}
 local fail = tensor.fail
 local decode = core.io.decode_json
+local utf8_error = core.data.utf8_error
 local NULL = core.io.null
 local ARRAY_MT = core.io.array_mt
 
@@ -102,7 +104,11 @@ local function read_jsonl(what, paths, opts, check)
             ln = ln + 1
             -- a UTF-8 byte-order mark (files saved by some Windows editors) is not part of the JSON
             if ln == 1 and line:sub(1, 3) == '\239\187\191' then line = line:sub(4) end
-            if line:find('%S') then
+            local bad_byte = line:find('%S') and utf8_error(line)
+            if bad_byte then
+                -- JSON text is UTF-8 (Python's json and HF datasets refuse anything else)
+                rep:bad('invalid_utf8', path, ln, ('byte %d of the line is not valid UTF-8'):format(bad_byte))
+            elseif line:find('%S') then
                 local ok, obj = pcall(decode, line, 'json')
                 if not ok then
                     local msg = tostring(obj)
@@ -271,6 +277,12 @@ function M.read_text(paths, opts)
     local rows, limit = {}, opts.limit
     local function add(text, path, line)
         if limit and #rows >= limit then return end
+        local bad_byte = utf8_error(text)
+        if bad_byte then
+            -- a document with bytes that are not text is counted, not guessed at
+            rep:bad('invalid_utf8', path, line, ('byte %d of the document is not valid UTF-8'):format(bad_byte))
+            return
+        end
         rows[#rows + 1] = {text = text, file = path, line = line}
         rep:good()
     end
@@ -309,6 +321,12 @@ function M.read_text(paths, opts)
     return rows, rep
 end
 
+-- is any of mask[from..to] 1 (a token to train on)?
+local function has_target(mask, from, to)
+    for k = from, to do if mask[k] ~= 0 then return true end end
+    return false
+end
+
 function M.tokenize(rows, fn, opts)
     opts = opts or {}
     -- a report passed in is the reader's: its rows were counted good there, and a row rejected
@@ -339,24 +357,37 @@ function M.tokenize(rows, fn, opts)
                 bad('empty', row.file, row.line, 'no tokens')
             elseif max_len and #ids > max_len and overlong == 'drop' then
                 bad('too_long', row.file, row.line, ('%d tokens > max_len %d'):format(#ids, max_len))
-            else
-                if max_len and #ids > max_len then
-                    -- truncate keeps the first piece; split keeps every piece as a document
-                    local n = #ids
-                    local last = overlong == 'split' and n or max_len
-                    for from = 1, last, max_len do
+            elseif mask and not has_target(mask, 1, #ids) then
+                bad('no_target', row.file, row.line, 'no token to train on (the mask is 0 everywhere)')
+            elseif max_len and #ids > max_len then
+                -- truncate keeps the first piece; split keeps every piece with a token to train on
+                -- as a document. A piece with none would only cost compute; a row left with none
+                -- (a prompt longer than max_len) is rejected, not trained on as nothing
+                local n = #ids
+                local last = overlong == 'split' and n or max_len
+                local kept = 0
+                for from = 1, last, max_len do
+                    local to = math.min(from + max_len - 1, n)
+                    if not mask or has_target(mask, from, to) then
                         local ci, cm = {}, mask and {}
-                        for k = from, math.min(from + max_len - 1, n) do
+                        for k = from, to do
                             ci[#ci + 1] = ids[k]
                             if cm then cm[#cm + 1] = mask[k] end
                         end
                         docs[#docs + 1] = {ids = ci, mask = cm, file = row.file, line = row.line, row = row}
+                        kept = kept + 1
                     end
+                end
+                if kept == 0 then
+                    bad('no_target', row.file, row.line, ('no token to train on in the first %d of its %d tokens '
+                        .. '(the prompt is longer than max_len)'):format(max_len, n))
+                else
                     rep:note(overlong == 'split' and 'split' or 'truncated', row.file, row.line,
                         ('%d tokens > max_len %d'):format(n, max_len))
-                else
-                    docs[#docs + 1] = {ids = ids, mask = mask, file = row.file, line = row.line, row = row}
+                    if not continued then rep:good() end
                 end
+            else
+                docs[#docs + 1] = {ids = ids, mask = mask, file = row.file, line = row.line, row = row}
                 if not continued then rep:good() end
             end
         end

@@ -193,7 +193,8 @@ local function clean_temps(root, own)
     end
 end
 
--- save(root, step, state, {checksum_max_bytes = 256 MiB}) -> the checkpoint's directory.
+-- save(root, step, state, {checksum_max_bytes = 256 MiB}) -> the checkpoint's directory, {bytes =
+-- the size of its files}.
 function M.save(root, step, state, opts)
     opts = opts or {}
     if type(root) ~= 'string' then fail('checkpoint.save: expected a directory, got ' .. type(root)) end
@@ -208,6 +209,7 @@ function M.save(root, step, state, opts)
     local tmp = join(root, ('.tmp.%s.%d'):format(name, fs.getpid()))
     fs.remove_tree(tmp)
     assert(fs.mkdir(tmp))
+    local bytes = 0
     local ok, err = pcall(function()
         local doc = {format = M.FORMAT, version = M.VERSION, step = step, parts = {}, rng = {}}
         if state.save_model then
@@ -236,6 +238,7 @@ function M.save(root, step, state, opts)
         local files = sync_tree(tmp, nil, {})
         local manifest = {}
         for _, f in ipairs(files) do
+            bytes = bytes + f.size
             local m = {size = f.size}
             if f.size <= max_crc then m.crc32c = (fs.crc32c_file(f.path)) end
             manifest[f.rel] = m
@@ -263,7 +266,7 @@ function M.save(root, step, state, opts)
         pcall(fs.remove_tree, tmp)
         error(err, 0)
     end
-    return final
+    return final, {bytes = bytes}
 end
 
 -- ---- reading ------------------------------------------------------------------------------------
@@ -501,12 +504,13 @@ function Manager:prune(saved_step)
     return removed
 end
 
+-- save(step, state) -> the checkpoint's directory, {bytes =}; older ones are pruned
 function Manager:save(step, state)
     clean_temps(self.dir, true)
-    local dir = M.save(self.dir, step, state, {checksum_max_bytes = self.checksum_max_bytes})
+    local dir, info = M.save(self.dir, step, state, {checksum_max_bytes = self.checksum_max_bytes})
     self:prune(step)
     self.last_saved = step
-    return dir
+    return dir, info
 end
 
 -- resume('auto' | <checkpoint directory> | 'none' | false | nil) -> loaded checkpoint or nil.

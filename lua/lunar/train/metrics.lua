@@ -397,6 +397,45 @@ function Metrics:_progress(r, nonfinite)
     out:flush()
 end
 
+-- note(text): a line among the progress lines (a checkpoint saved, an evaluation): it ends the
+-- bar line first, and is left out when progress is off
+function Metrics:note(text)
+    if not self.progress then return end
+    if self.bar_open then
+        self.out:write('\n')
+        self.bar_open = false
+    end
+    self.out:write(text, '\n')
+    self.out:flush()
+end
+
+-- log_eval(step, {loss =, ppl =, tokens =}): an evaluation of the validation data, as a JSONL line
+-- {"step", "valid_loss", "valid_ppl", "valid_tokens", "time"} and the TensorBoard tags
+-- valid/loss and valid/ppl, and a progress note
+function Metrics:log_eval(step, rec)
+    if type(step) ~= 'number' or step ~= math.floor(step) then fail('metrics.log_eval: step must be an integer') end
+    local wall = self.wall_time()
+    local fields = {{'valid_loss', rec.loss}, {'valid_ppl', rec.ppl}, {'valid_tokens', rec.tokens}}
+    if self.jsonl then
+        local parts = {json_string('step') .. ':' .. json_number(step)}
+        for _, f in ipairs(fields) do
+            if f[2] ~= nil then parts[#parts + 1] = json_string(f[1]) .. ':' .. json_number(f[2]) end
+        end
+        parts[#parts + 1] = json_string('time') .. ':' .. json_number(wall)
+        self.jsonl:write('{', table.concat(parts, ','), '}\n')
+        self.jsonl:flush()
+    end
+    if self.tb then
+        local tags, values = {}, {}
+        if rec.loss ~= nil then tags[#tags + 1], values[#values + 1] = 'valid/loss', rec.loss end
+        if rec.ppl ~= nil then tags[#tags + 1], values[#values + 1] = 'valid/ppl', rec.ppl end
+        if #tags > 0 then self.tb:add_scalars(step, tags, values, wall) end
+    end
+    self.evals = self.evals or {}
+    self.evals[#self.evals + 1] = {step = step, loss = rec.loss, ppl = rec.ppl}
+    self:note(('eval step %d | valid loss %.4f | valid ppl %.3f'):format(step, rec.loss or 0 / 0, rec.ppl or 0 / 0))
+end
+
 -- counts() -> {skipped_steps =, nan_steps =} since the run began (resumes included): what a
 -- checkpoint keeps so that new{counts =} continues them
 function Metrics:counts()
@@ -405,12 +444,15 @@ end
 
 -- summary() -> {steps, first_step, last_step, initial_loss, final_loss, final_grad_norm,
 -- warmup_steps, measured_steps, mean_step_time_s, tokens_per_s (per device), tflops (per device),
--- mfu, total_tokens, peak_mem_bytes, skipped_steps, nan_steps, wall_s}. The means are over the
--- steps after warm-up (over all steps when there are no others): total tokens / total time.
+-- mfu, total_tokens, peak_mem_bytes, skipped_steps, nan_steps, wall_s, valid_loss, valid_ppl,
+-- valid_step (the last evaluation)}. The means are over the steps after warm-up (over all steps
+-- when there are no others): total tokens / total time.
 function Metrics:summary()
     local rows = self.rows
     local s = {steps = #rows, skipped_steps = self.skipped, nan_steps = self.nan, peak_mem_bytes = self.peak_mem,
                warmup_steps = self.warmup, wall_s = self.clock() - self.t_start}
+    local ev = self.evals and self.evals[#self.evals]
+    if ev then s.valid_loss, s.valid_ppl, s.valid_step = ev.loss, ev.ppl, ev.step end
     if #rows == 0 then return s end
     s.first_step, s.last_step = rows[1].step, rows[#rows].step
     s.initial_loss, s.final_loss = rows[1].loss, rows[#rows].loss
@@ -449,6 +491,9 @@ function Metrics:summary_text()
     add('Initial loss', loss(s.initial_loss))
     add('Final loss', loss(s.final_loss))
     if s.final_grad_norm then add('Final grad norm', loss(s.final_grad_norm)) end
+    if s.valid_loss then
+        add('Validation loss', ('%s (perplexity %s, step %d)'):format(loss(s.valid_loss), loss(s.valid_ppl), s.valid_step))
+    end
     local which = s.measured_steps < s.steps
         and ('mean of steps %d-%d, after %d warm-up step%s'):format(s.measured_from, s.last_step,
             s.steps - s.measured_steps, s.steps - s.measured_steps == 1 and '' or 's')
@@ -482,7 +527,7 @@ function Metrics:close()
     self.jsonl = nil
     if self.tb then self.tb:close() end
     self.tb = nil
-    if self.show_summary and self.progress then
+    if self.show_summary then
         self.out:write(self:summary_text())
         self.out:flush()
     end

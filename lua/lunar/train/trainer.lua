@@ -2,26 +2,38 @@
 --
 --   local trainer = require 'lunar.train.trainer'
 --   local result = trainer.run(cfg)     -- cfg: a validated recipe table (recipes/common.lua)
+--   local plan = trainer.plan(cfg)      -- what run(cfg) would do: model size, memory, data; no training
 --
 -- One step = grad_accum micro-batches (forward + backward, the gradients summed by the modules),
 -- then one optimizer step (AdamW with schedule, clipping, non-finite steps skipped and counted),
--- metrics (JSONL, TensorBoard, progress) and, when due, a checkpoint that holds everything a
--- resumed run needs to continue bit for bit: the weights in their training dtype (or the LoRA
--- adapters), the optimizer and scheduler state, the data position and the RNG streams.
+-- metrics (JSONL, TensorBoard, progress), an evaluation of data.valid when due and, when due, a
+-- checkpoint that holds everything a resumed run needs to continue bit for bit: the weights in
+-- their training dtype (or the LoRA adapters), the optimizer and scheduler state, the data
+-- position, the RNG streams and the recipe it was trained with.
 --
 -- The loss of a step is the mean over every target token of its micro-batches (HF's
 -- num_items_in_batch convention), so the number of micro-batches does not change the result.
+--
+-- The run refuses before its first step, naming the setting, what would otherwise go wrong
+-- later or silently: an output directory it cannot write, a checkpoint directory whose
+-- checkpoints are all unusable, a resumed run whose data, model or batch settings differ from
+-- its checkpoint's, rows longer than the model's positions, data with too many rejected rows.
+-- During the run, SIGTERM or a first Ctrl-C finishes the step, writes a checkpoint and stops
+-- (non-zero exit); a second one ends the process at once. A step with no token to train on is an
+-- error; train.max_skipped_in_a_row consecutive skipped steps stop the run with a checkpoint.
 local lunar = require 'lunar'
-local tensor = require 'lunar.tensor'
+local core = require 'lunar.core'
 local data = require 'lunar.data'
 local checkpoint = require 'lunar.train.checkpoint'
 local metrics_mod = require 'lunar.train.metrics'
 local flops = require 'lunar.model.flops'
-local fs = require('lunar.core').fs
+local recipe_diff = require 'lunar.train.recipe_diff'
+
+local fs = core.fs
+local user_error = core.user_error
+local setting_error, strip_where = lunar.config.setting_error, lunar.config.strip_where
 
 local M = {}
-
-local fail = tensor.fail
 
 local function log(cfg, fmt, ...)
     if cfg.quiet then return end
@@ -29,22 +41,26 @@ local function log(cfg, fmt, ...)
     io.stdout:flush()
 end
 
+local function mib(bytes) return ('%.1f MiB'):format(bytes / 2 ^ 20) end
+
 -- ---- data -----------------------------------------------------------------------------------
 
 local function as_list(x) if type(x) == 'table' then return x end return {x} end
 
--- documents ({ids =, mask =}) of the configured dataset, and a report of the rejected rows
-function M.load_documents(cfg, tok)
+-- documents ({ids =, mask =}) of the files `paths` (data.train or data.valid), and a report of
+-- the rejected rows
+function M.load_documents(cfg, tok, paths)
     local d = cfg.data
+    paths = paths or d.train
     local max_len = d.max_len or d.seq_len
     local rows, rep, docs
     if d.kind == 'chat' then
-        rows, rep = data.read_chat(as_list(d.train), {limit = d.limit, show = 3})
+        rows, rep = data.read_chat(as_list(paths), {limit = d.limit, show = 3})
         docs = data.tokenize(rows, function(row)
             return lunar.chat.tokenize(tok, row.messages, {template = d.template, tools = row.tools})
         end, {max_len = max_len, overlong = d.overlong or 'drop', report = rep})
     elseif d.kind == 'prompt_answer' then
-        rows, rep = data.read_prompt_answer(as_list(d.train), {prompt = d.prompt_field, answer = d.answer_field,
+        rows, rep = data.read_prompt_answer(as_list(paths), {prompt = d.prompt_field, answer = d.answer_field,
             system = d.system, limit = d.limit, show = 3})
         docs = data.tokenize(rows, function(row)
             local msgs = {}
@@ -54,7 +70,7 @@ function M.load_documents(cfg, tok)
             return lunar.chat.tokenize(tok, msgs, {template = d.template})
         end, {max_len = max_len, overlong = d.overlong or 'drop', report = rep})
     elseif d.kind == 'text' then
-        rows, rep = data.read_text(as_list(d.train), {split = d.split or 'blank'})
+        rows, rep = data.read_text(as_list(paths), {split = d.split or 'blank', limit = d.limit, show = 3})
         local eos = tok:token_to_id(d.eos_token or '<|endoftext|>')
         -- pretraining text is cut into pieces of max_len (default seq_len) tokens by default, so
         -- a long document is read whole, not its first seq_len tokens every epoch
@@ -64,61 +80,115 @@ function M.load_documents(cfg, tok)
             return ids
         end, {max_len = max_len, overlong = d.overlong or 'split', report = rep})
     elseif d.kind == 'indexed' then
-        return data.indexed_open(d.train), nil
+        return data.indexed_open(paths), nil
     else
-        fail(('data.kind %q is not one of chat, prompt_answer, text, indexed'):format(tostring(d.kind)))
+        user_error(('data.kind %q is not one of chat, prompt_answer, text, indexed'):format(tostring(d.kind)))
     end
     return docs, rep
 end
 
+-- prints what the readers kept, changed and rejected, and refuses data with no usable row or
+-- with more rejected rows than data.max_rejected allows
+local function report_data(cfg, rep, what)
+    if not rep then return end
+    local changed = {}
+    for _, n in ipairs({'truncated', 'split'}) do
+        if rep.notes[n] then changed[#changed + 1] = ('%d %s'):format(rep.notes[n], n) end
+    end
+    log(cfg, '%s: %d rows kept%s, %d rejected', what, rep.n_good,
+        #changed > 0 and (' (' .. table.concat(changed, ', ') .. ' at max_len)') or '', rep.n_bad)
+    if not cfg.quiet or rep.n_bad > 0 then rep:print() end
+    local total = rep.n_good + rep.n_bad
+    if rep.n_good == 0 then
+        user_error(('%s: no usable row in %s (%d rejected; the reasons are above)'):format(what,
+            table.concat(as_list(cfg.data[what == 'data.valid' and 'valid' or 'train']), ', '), rep.n_bad))
+    end
+    local limit = cfg.data.max_rejected or 1
+    if total > 0 and rep.n_bad / total > limit then
+        user_error(('%s: %d of %d rows (%.1f%%) were rejected, more than data.max_rejected=%g allows (the reasons '
+            .. 'are above); fix the data or the settings, or raise data.max_rejected'):format(what, rep.n_bad, total,
+            100 * rep.n_bad / total, limit))
+    end
+end
+
+local function make_loader(cfg, source, opts)
+    local d = cfg.data
+    -- documents longer than a row: split for pretraining data (text, indexed), else as data.overlong says
+    local pretraining = d.kind == 'text' or d.kind == 'indexed'
+    return data.loader{source = source, seq_len = d.seq_len, micro_batch = d.micro_batch, seed = d.seed,
+        shuffle = opts.shuffle, pad_to_multiple = d.pad_to_multiple, quiet = opts.quiet, epochs = opts.epochs,
+        packing = d.packing, pack_buffer = d.pack_buffer,
+        overlong = d.overlong or (pretraining and 'split' or 'truncate')}
+end
+
 -- ---- model ------------------------------------------------------------------------------------
+
+-- the validated model config of the recipe (from model.config or model.path), without building it
+local function model_config(cfg)
+    if cfg.model.path then return lunar.model.config.load(cfg.model.path .. '/config.json') end
+    return lunar.model.config.from_table(cfg.model.config, 'model.config')
+end
 
 local function build_model(cfg, resume_model_dir)
     local mc = cfg.model
     local opts = {dtype = mc.dtype, device = mc.device, seed = mc.seed, indexer_loss_coeff = mc.indexer_loss_coeff,
-                  fp32_residual = mc.fp32_residual}
+                  fp32_residual = mc.fp32_residual, strict = mc.strict or nil}
     if resume_model_dir and not cfg.peft then
         return lunar.model.load(resume_model_dir, opts)
     end
     if mc.path then return lunar.model.load(mc.path, opts) end
-    if not mc.config then fail('model: set model.path (a checkpoint) or model.config (a config table) in the recipe') end
     return lunar.model.new(mc.config, opts)
 end
 
--- HF tokenizer files that travel with an exported model, so AutoTokenizer loads from its folder
-local TOKENIZER_FILES = {'tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'chat_template.jinja'}
+-- ---- outputs ------------------------------------------------------------------------------------
 
--- copies the run's tokenizer into dir: cfg.tokenizer (a tokenizer.json, written under that name,
--- or a folder holding one) and the companion files found beside it
-local function copy_tokenizer(cfg, dir)
+-- the files that travel with an exported model so that transformers loads it with its tokenizer,
+-- chat template and generation defaults
+local TOKENIZER_FILES = {'tokenizer.json', 'tokenizer_config.json', 'special_tokens_map.json', 'chat_template.jinja'}
+local BASE_COMPANIONS = {'generation_config.json', 'tokenizer.json', 'tokenizer_config.json',
+    'special_tokens_map.json', 'chat_template.jinja'}
+
+local function copy_file(from, to)
+    local f = io.open(from, 'rb')
+    if not f then return false end
+    local bytes = f:read('*a')
+    f:close()
+    if bytes == nil then return false end   -- a directory
+    lunar.io.write_file(to, bytes)
+    return true
+end
+
+-- copies into dir the companions of the base checkpoint (model.path: its generation config,
+-- tokenizer files and chat template), then the run's tokenizer (cfg.tokenizer: a tokenizer.json,
+-- written under that name, or a folder holding one, with the companion files found beside it),
+-- which wins where both have a file: it is the one the model was trained with
+local function copy_companions(cfg, dir)
+    if cfg.model.path then
+        for _, name in ipairs(BASE_COMPANIONS) do copy_file(cfg.model.path .. '/' .. name, dir .. '/' .. name) end
+    end
     local src = cfg.tokenizer
     local st = src and fs.stat(src)
     if not st then return end
     local from = st.type == 'dir' and src or (src:match('^(.*)/[^/]*$') or '.')
     for _, name in ipairs(TOKENIZER_FILES) do
         local path = (name == 'tokenizer.json' and st.type ~= 'dir') and src or (from .. '/' .. name)
-        local f = io.open(path, 'rb')
-        if f then
-            local bytes = f:read('*a')
-            f:close()
-            lunar.io.write_file(dir .. '/' .. name, bytes)
-        end
+        copy_file(path, dir .. '/' .. name)
     end
 end
 
--- the final model (HF format) or adapters (PEFT format) to output.dir, when it is set
+-- the final model (HF format) or adapters (PEFT format) to output.dir
 local function save_output(cfg, model, adapters)
     local out = cfg.output and cfg.output.dir
     if not out then return end
     if adapters then
-        -- adapters of a fresh base (a seeded init, no model.path) are useless without it: the
-        -- base is written beside them (<output.dir>/base) and named, by its absolute path (PEFT
-        -- reads a path it cannot find as a Hub id), in adapter_config.json
-        local base = cfg.model.path or cfg.model.hf_id
+        -- adapters are named with their base by its absolute path (PEFT reads a path it cannot find
+        -- as a Hub id); adapters of a fresh base (a seeded init, no model.path) are useless without
+        -- it, so the base is written beside them (<output.dir>/base)
+        local base = cfg.model.path and (fs.realpath(cfg.model.path) or cfg.model.path)
         if not base then
             base = out .. '/base'
             model:save_hf(base)
-            copy_tokenizer(cfg, base)
+            copy_companions(cfg, base)
             base = fs.realpath(base) or base
             log(cfg, 'saved the base model to %s', base)
         end
@@ -126,169 +196,401 @@ local function save_output(cfg, model, adapters)
     else
         model:save_hf(out)
     end
-    copy_tokenizer(cfg, out)
+    copy_companions(cfg, out)
     log(cfg, 'saved %s to %s', adapters and 'the adapters' or 'the model', out)
 end
 
--- ---- the loop -----------------------------------------------------------------------------------
+-- every directory the run writes must be writable before the first step, not found at the end
+local function check_writable(cfg)
+    for _, key in ipairs({'checkpoint.dir', 'metrics.dir', 'output.dir'}) do
+        local sect, k = key:match('^(%w+)%.(%w+)$')
+        local dir = cfg[sect] and cfg[sect][k]
+        if dir then
+            local ok, err = pcall(function()
+                fs.mkdir_p(dir)
+                local probe = ('%s/.lunar_write_test.%d'):format(dir, fs.getpid())
+                local f, why = io.open(probe, 'wb')
+                if not f then error(why, 0) end
+                f:close()
+                os.remove(probe)
+            end)
+            if not ok then
+                user_error(('%s=%s cannot be written: %s'):format(key, dir, strip_where(err)))
+            end
+        end
+    end
+end
+
+-- ---- resuming -----------------------------------------------------------------------------------
+
+-- the checkpoint to resume from, or nil to start afresh. With resume=auto, a directory whose
+-- checkpoints are all unusable is refused (a quiet fresh start would overwrite that history):
+-- each one is listed with the reason.
+local function find_checkpoint(cfg, cm)
+    local mode = cfg.checkpoint.resume
+    if not mode or mode == 'none' then return nil end
+    if mode ~= 'auto' then return cm:resume(mode) end
+    local st, skipped = cm:resume('auto')
+    if st then return st end
+    local lines = {}
+    for _, s in ipairs(skipped or {}) do
+        if s.dir:match('/step_%d+$') then lines[#lines + 1] = ('  %s: %s'):format(s.dir, s.reason) end
+    end
+    if #lines > 0 then
+        user_error(('checkpoint.dir=%s holds %d checkpoint%s and none can be resumed:\n%s\nSet checkpoint.resume=none '
+            .. 'to start afresh (the directory is kept), or checkpoint.resume=<a checkpoint directory> to name one')
+            :format(cfg.checkpoint.dir, #lines, #lines == 1 and '' or 's', table.concat(lines, '\n')))
+    end
+    return nil
+end
+
+-- compares the recipe a checkpoint was written with against this run's: differences that change
+-- the data order or the model refuse (unless checkpoint.allow_changes), the others are printed
+local function check_resumed_recipe(cfg, st)
+    local saved = st.extra and st.extra.recipe
+    if not saved then
+        log(cfg, 'note: %s does not record its recipe, so its settings were not compared with this run\'s', st.dir)
+        return
+    end
+    local diffs = recipe_diff.compare(saved, recipe_diff.snapshot(cfg))
+    if #diffs == 0 then return end
+    local breaking, other = {}, {}
+    for _, d in ipairs(diffs) do
+        local line = ('  %s: %s -> %s%s'):format(d.key, d.old, d.new, d.breaking and ('  (' .. d.breaking .. ')') or '')
+        if d.breaking then breaking[#breaking + 1] = line else other[#other + 1] = line end
+    end
+    if #breaking > 0 and not cfg.checkpoint.allow_changes then
+        user_error(('resuming %s with other settings than it was written with:\n%s\nThe resumed run would not continue '
+            .. 'the one that wrote it. Set checkpoint.allow_changes=true to resume anyway, checkpoint.resume=none to '
+            .. 'start afresh, or another checkpoint.dir'):format(st.dir, table.concat(breaking, '\n')
+            .. (#other > 0 and ('\n' .. table.concat(other, '\n')) or '')))
+    end
+    print(('[lunar] resuming %s with changed settings:\n%s'):format(st.dir, table.concat(breaking, '\n')
+        .. (#breaking > 0 and #other > 0 and '\n' or '') .. table.concat(other, '\n')))
+end
+
+-- ---- setup --------------------------------------------------------------------------------------
+
+-- everything a run needs before its first step: {tok, loader, valid, model, adapters, opt, cm,
+-- st (the checkpoint resumed), start (its step)}
+local function setup(cfg)
+    if cfg.threads then lunar.threads(cfg.threads) end
+    local model_setting = cfg.model.path and ('model.path=' .. cfg.model.path) or 'model.config'
+    local mcfg = setting_error(model_setting, model_config, cfg)
+    local mpe = mcfg.max_position_embeddings
+    if mpe and cfg.data.seq_len > mpe then
+        user_error(('data.seq_len=%d is longer than the model\'s max_position_embeddings=%d; set data.seq_len <= %d')
+            :format(cfg.data.seq_len, mpe, mpe))
+    end
+    check_writable(cfg)
+    local r = {cfg = cfg, mcfg = mcfg}
+    r.tok = setting_error('tokenizer=' .. cfg.tokenizer, lunar.tokenizer.load, cfg.tokenizer)
+    log(cfg, '%s: tokenizer %s (%d tokens)', cfg.name, cfg.tokenizer, r.tok:vocab_size())
+    local source, rep = setting_error('data.train', M.load_documents, cfg, r.tok)
+    report_data(cfg, rep, 'data.train')
+    r.loader = make_loader(cfg, source, {shuffle = cfg.data.shuffle ~= false, quiet = cfg.quiet})
+    if cfg.data.valid then
+        local vsource, vrep = setting_error('data.valid', M.load_documents, cfg, r.tok, cfg.data.valid)
+        report_data(cfg, vrep, 'data.valid')
+        r.valid_source = vsource
+    end
+
+    r.cm = checkpoint.manager{dir = cfg.checkpoint.dir, every = cfg.checkpoint.every, keep_last = cfg.checkpoint.keep_last}
+    local st = setting_error('checkpoint.resume=' .. cfg.checkpoint.resume, find_checkpoint, cfg, r.cm)
+    if st then check_resumed_recipe(cfg, st) end
+    r.st = st
+
+    r.model = setting_error(st and not cfg.peft and ('the checkpoint ' .. st.model_dir) or model_setting,
+        build_model, cfg, st and st.model_dir)
+    local params = r.model.params
+    if cfg.peft then
+        -- a resumed LoRA run reads its adapters back (the base weights come from model.path)
+        if st then
+            r.adapters = setting_error('the checkpoint ' .. st.model_dir, lunar.peft.load, r.model, st.model_dir)
+            -- the dropout stream continues where it stopped (its draws count is in the checkpoint)
+            if st.extra and st.extra.lora_rng then r.adapters:set_rng_state(st.extra.lora_rng) end
+        else
+            r.adapters = setting_error('peft', lunar.peft.apply, r.model, cfg.peft)
+        end
+        params = r.adapters.params
+    end
+    log(cfg, 'model: %s, %.2fM parameters (%.2fM trainable)', r.model.cfg.architecture, r.model.params:count() / 1e6,
+        params:count() / 1e6)
+
+    local o = cfg.optim
+    r.opt = lunar.optim.AdamW.new(params, {
+        lr = o.lr, betas = o.betas, eps = o.eps, weight_decay = o.weight_decay, no_decay = o.no_decay,
+        clip = o.clip_grad, accum = cfg.train.grad_accum,
+        schedule = {warmup = o.warmup or 0, total = cfg.train.steps, decay = o.schedule, min_lr = o.min_lr}})
+    r.start = 0
+    if st then
+        r.opt:load_state_dict(st.optimizer)
+        local ok, err = pcall(r.loader.set_state, r.loader, st.data)
+        if not ok then
+            if not cfg.checkpoint.allow_changes then error(err, 0) end
+            log(cfg, 'note: the data position was not restored (%s): the data starts from the beginning',
+                strip_where(err))
+        end
+        r.start = st.step
+        log(cfg, 'resumed from %s (step %d)', st.dir, r.start)
+    end
+    return r
+end
+
+-- ---- one step, an evaluation, a checkpoint --------------------------------------------------------
+
+-- forward + backward of grad_accum micro-batches and one optimizer step -> the metrics record
+local function train_step(r, step)
+    local t0 = lunar.clock()
+    local batches, targets, tokens = {}, 0, 0
+    for i = 1, r.cfg.train.grad_accum do
+        local b = r.loader:next()
+        if not b then user_error('data: the loader ran out of batches') end
+        batches[i] = b
+        targets, tokens = targets + b.num_targets, tokens + b.num_tokens
+    end
+    if targets == 0 then
+        user_error(('step %d has no token to train on: every target of its %d rows is masked (a prompt longer than '
+            .. 'data.seq_len=%d, or documents of one token); check the data and data.seq_len'):format(step,
+            r.cfg.train.grad_accum * r.cfg.data.micro_batch, r.cfg.data.seq_len))
+    end
+    local loss_sum = 0
+    for _, b in ipairs(batches) do
+        lunar.scope(function()
+            local out = r.model:forward(b, {loss = true, num_items_in_batch = targets})
+            loss_sum = loss_sum + out.loss
+            r.model:backward()
+        end)
+    end
+    -- the modules summed the gradients of loss_i = sum_i / targets: their sum is the step's
+    -- mean loss already, so the optimizer must not divide by the number of micro-batches again
+    local info = r.opt:step{loss = loss_sum, micro_batches = 1}
+    r.opt:zero_grad()
+    return {loss = loss_sum, grad_norm = info.grad_norm, lr = info.lr, tokens = tokens, skipped = info.skipped,
+            time = lunar.clock() - t0}
+end
+
+-- the mean loss per target token of data.valid (train.eval_batches micro-batches, or all of it)
+local function evaluate(r)
+    local loader = make_loader(r.cfg, r.valid_source, {shuffle = false, quiet = true, epochs = 1})
+    if r.adapters then r.adapters:eval() end
+    local sum, targets, limit, n = 0, 0, r.cfg.train.eval_batches, 0
+    while limit == 0 or n < limit do
+        local b = loader:next()
+        if not b then break end
+        n = n + 1
+        if b.num_targets > 0 then
+            lunar.scope(function()
+                local out = r.model:forward(b, {loss = true, num_items_in_batch = b.num_targets, keep = false})
+                sum, targets = sum + out.loss * b.num_targets, targets + b.num_targets
+            end)
+        end
+    end
+    if r.adapters then r.adapters:train() end
+    return targets > 0 and sum / targets or 0 / 0, targets
+end
+
+local function save_checkpoint(r, step, m)
+    local cfg, t0 = r.cfg, lunar.clock()
+    local counts = m:counts()
+    local dir, info = r.cm:save(step, {
+        save_model = function(dir)
+            -- the checkpoint keeps the real dropout (PEFT's own files may say 0, see peft.save)
+            if r.adapters then lunar.peft.save(r.model, dir, {lora_dropout = cfg.peft.dropout or 0})
+            else r.model:save_hf(dir, {keep_dtype = true}) end
+        end,
+        optimizer = r.opt:state_dict(), data = r.loader:state(),
+        metrics = {loss = r.last_loss, skipped_steps = counts.skipped_steps, nan_steps = counts.nan_steps},
+        extra = {lora_rng = r.adapters and r.adapters:rng_state() or nil, recipe = recipe_diff.snapshot(cfg)}})
+    r.saved_step = step
+    m:note(('checkpoint step %d: %s (%s, %.1f s)'):format(step, dir, mib(info.bytes), lunar.clock() - t0))
+    return dir
+end
+
+-- ---- the run ------------------------------------------------------------------------------------
+
+-- how far the loss fell: the first step against the mean of the last steps (single steps are
+-- noisy: their documents differ), over this process's steps; nil for fewer than two
+local function loss_fall(losses)
+    if #losses < 2 then return nil end
+    local k = math.min(20, math.floor(#losses / 4) + 1)
+    local tail = 0
+    for i = #losses - k + 1, #losses do tail = tail + losses[i] end
+    tail = tail / k
+    return 1 - tail / losses[1], tail, k
+end
 
 -- the loss-fall gate: fall >= expect, written so that a NaN fall (a NaN loss) fails it
 function M.loss_fell_enough(fall, expect)
     return fall >= expect
 end
 
+local function finite(x) return x == x and x ~= math.huge and x ~= -math.huge end
+
+-- the end-of-run words for a loss that went from first to tail: "54.4% lower", "3.0% higher",
+-- or "not finite" (never nan or a negative fall)
+function M.fall_text(first, tail)
+    if not finite(first) or not finite(tail) or first == 0 then return 'not finite' end
+    local fall = 1 - tail / first
+    if fall >= 0 then return ('%.1f%% lower'):format(100 * fall) end
+    return ('%.1f%% higher'):format(-100 * fall)
+end
+
 function M.run(cfg)
     local t_start = lunar.clock()
-    if cfg.threads then lunar.threads(cfg.threads) end
-    local tok = lunar.tokenizer.load(cfg.tokenizer)
-    log(cfg, '%s: tokenizer %s (%d tokens)', cfg.name, cfg.tokenizer, tok:vocab_size())
-
-    local source, rep = M.load_documents(cfg, tok)
-    if rep then
-        local changed = {}
-        for _, what in ipairs({'truncated', 'split'}) do
-            if rep.notes[what] then changed[#changed + 1] = ('%d %s'):format(rep.notes[what], what) end
-        end
-        log(cfg, 'data: %d rows kept%s, %d rejected', rep.n_good,
-            #changed > 0 and (' (' .. table.concat(changed, ', ') .. ' at max_len)') or '', rep.n_bad)
-        if not cfg.quiet then rep:print() end
-    end
-    local d = cfg.data
-    -- documents longer than a row: split for pretraining data (text, indexed), else as data.overlong says
-    local pretraining = d.kind == 'text' or d.kind == 'indexed'
-    local loader = data.loader{source = source, seq_len = d.seq_len, micro_batch = d.micro_batch, seed = d.seed,
-        shuffle = d.shuffle ~= false, pad_to_multiple = d.pad_to_multiple, quiet = cfg.quiet,
-        overlong = d.overlong or (pretraining and 'split' or 'truncate')}
-
-    local cm = checkpoint.manager{dir = cfg.checkpoint.dir, every = cfg.checkpoint.every,
-        keep_last = cfg.checkpoint.keep_last}
-    local st
-    if cfg.checkpoint.resume and cfg.checkpoint.resume ~= 'none' then st = cm:resume(cfg.checkpoint.resume) end
-
-    local model = build_model(cfg, st and st.model_dir)
-    local params = model.params
-    local adapters
-    if cfg.peft then
-        -- a resumed LoRA run reads its adapters back (the base weights come from model.path)
-        if st then
-            adapters = lunar.peft.load(model, st.model_dir)
-            -- the dropout stream continues where it stopped (its draws count is in the checkpoint)
-            if st.extra and st.extra.lora_rng then adapters:set_rng_state(st.extra.lora_rng) end
-        else
-            adapters = lunar.peft.apply(model, cfg.peft)
-        end
-        params = adapters.params
-    end
-    log(cfg, 'model: %s, %.2fM parameters (%.2fM trainable)', model.cfg.architecture, model.params:count() / 1e6,
-        params:count() / 1e6)
-
-    local o = cfg.optim
-    local opt = lunar.optim.AdamW.new(params, {
-        lr = o.lr, betas = o.betas, eps = o.eps, weight_decay = o.weight_decay, no_decay = o.no_decay,
-        clip = o.clip_grad, accum = cfg.train.grad_accum,
-        -- a short run (a smoke test with train.steps=N) keeps its warm-up shorter than the run
-        schedule = {warmup = math.min(o.warmup or 0, math.floor(cfg.train.steps / 2)), total = cfg.train.steps,
-                    decay = o.schedule, min_lr = o.min_lr}})
-
-    local start = 0
-    if st then
-        opt:load_state_dict(st.optimizer)
-        loader:set_state(st.data)
-        start = st.step
-        log(cfg, 'resumed from %s (step %d)', st.dir, start)
-    end
-    if start >= cfg.train.steps then
+    local r = setup(cfg)
+    local result = {model = r.model, adapters = r.adapters, losses = {}, optimizer = r.opt, loader = r.loader,
+                    start_step = r.start}
+    if r.start >= cfg.train.steps then
         -- rerunning a finished run trains nothing: say so rather than print an empty summary
         log(cfg, 'nothing to do: %s is at step %d of train.steps=%d (the run finished). Set checkpoint.resume=none '
-            .. 'to train afresh, a larger train.steps to continue, or another checkpoint.dir', st.dir, start,
+            .. 'to train afresh, a larger train.steps to continue, or another checkpoint.dir', r.st.dir, r.start,
             cfg.train.steps)
         -- the output of a run that died after its last checkpoint (or that asks for one now)
         local out = cfg.output and cfg.output.dir
-        if out and not fs.stat(out .. (adapters and '/adapter_config.json' or '/config.json')) then
-            save_output(cfg, model, adapters)
+        if out and not fs.stat(out .. (r.adapters and '/adapter_config.json' or '/config.json')) then
+            save_output(cfg, r.model, r.adapters)
         end
-        return {model = model, adapters = adapters, losses = {}, optimizer = opt, loader = loader, finished = true,
-                seconds = lunar.clock() - t_start, start_step = start}
+        result.finished, result.seconds = true, lunar.clock() - t_start
+        return result
     end
-
-    local seq = d.seq_len
-    local m = metrics_mod.new{dir = cfg.metrics.dir, total_steps = cfg.train.steps, start_step = start,
-        warmup_steps = cfg.metrics.warmup_steps, flops_per_token = flops.training_per_token(model.cfg, seq),
-        peak_flops = cfg.metrics.peak_flops, progress = (not cfg.quiet) and cfg.metrics.progress, log_every = cfg.train.log_every,
-        -- skipped and NaN steps count over the whole run, resumes included
-        counts = st and st.metrics or nil,
+    local m = metrics_mod.new{dir = cfg.metrics.dir, total_steps = cfg.train.steps, start_step = r.start,
+        warmup_steps = cfg.metrics.warmup_steps, flops_per_token = flops.training_per_token(r.model.cfg, cfg.data.seq_len),
+        peak_flops = cfg.metrics.peak_flops, progress = (not cfg.quiet) and cfg.metrics.progress,
+        log_every = cfg.train.log_every, counts = r.st and r.st.metrics or nil, summary = true,
         -- on a device, the peak of lunar's pool there (the process's resident memory says nothing about it)
-        memory = model:device() ~= 'cpu' and model:device() or nil,
+        memory = r.model:device() ~= 'cpu' and r.model:device() or nil,
         tensorboard = cfg.metrics.tensorboard == false and false or nil}
-
-    local accum = cfg.train.grad_accum
-    local losses = {}
-    local last_loss, stopped_early
-    for step = start + 1, cfg.train.steps do
-        local t0 = lunar.clock()
-        local batches, targets, tokens = {}, 0, 0
-        for i = 1, accum do
-            local b = loader:next()
-            if not b then fail('data: the loader ran out of batches') end
-            batches[i] = b
-            targets = targets + b.num_targets
-            tokens = tokens + b.num_tokens
-        end
-        local loss_sum = 0
-        for _, b in ipairs(batches) do
-            lunar.scope(function()
-                local out = model:forward(b, {loss = true, num_items_in_batch = math.max(targets, 1)})
-                loss_sum = loss_sum + out.loss
-                model:backward()
-            end)
-        end
-        -- the modules summed the gradients of loss_i = sum_i / targets: their sum is the step's
-        -- mean loss already, so the optimizer must not divide by the number of micro-batches again
-        local info = opt:step{loss = loss_sum, micro_batches = 1}
-        opt:zero_grad()
-        last_loss = loss_sum
-        losses[#losses + 1] = loss_sum
-        m:log(step, {loss = loss_sum, grad_norm = info.grad_norm, lr = info.lr, tokens = tokens,
-            skipped = info.skipped, time = lunar.clock() - t0})
-        if cm:due(step, step == cfg.train.steps) then
-            local counts = m:counts()
-            cm:save(step, {
-                save_model = function(dir)
-                    -- the checkpoint keeps the real dropout (PEFT's own files may say 0, see peft.save)
-                    if adapters then lunar.peft.save(model, dir, {lora_dropout = cfg.peft.dropout or 0})
-                    else model:save_hf(dir, {keep_dtype = true}) end
-                end,
-                optimizer = opt:state_dict(), data = loader:state(),
-                metrics = {loss = loss_sum, skipped_steps = counts.skipped_steps, nan_steps = counts.nan_steps},
-                extra = adapters and {lora_rng = adapters:rng_state()} or nil})
-        end
-        if cfg.stop_after and step >= cfg.stop_after then
-            stopped_early = step < cfg.train.steps
-            break
-        end
+    local function eval_now(step)
+        if not r.valid_source then return end
+        local loss, n = evaluate(r)
+        m:log_eval(step, {loss = loss, ppl = math.exp(loss), tokens = n})
     end
-    local summary = m:close()
-    save_output(cfg, model, adapters)
-    -- how far the loss fell: the first step against the mean of the last steps (single steps
-    -- are noisy: their documents differ), over this process's steps
-    local fall
-    if #losses >= 2 then
-        local k = math.min(20, math.floor(#losses / 4) + 1)
-        local tail = 0
-        for i = #losses - k + 1, #losses do tail = tail + losses[i] end
-        tail = tail / k
-        fall = 1 - tail / losses[1]
-        log(cfg, 'loss %.4f at step %d -> %.4f (mean of the last %d steps): %.1f%% lower', losses[1], start + 1, tail, k,
-            100 * fall)
+    local stop, in_a_row = nil, 0
+    core.signal.catch_stop()
+    local ok, err = pcall(function()
+        for step = r.start + 1, cfg.train.steps do
+            local rec = train_step(r, step)
+            r.last_loss = rec.loss
+            result.losses[#result.losses + 1] = rec.loss
+            m:log(step, rec)
+            in_a_row = rec.skipped and in_a_row + 1 or 0
+            local every = cfg.train.eval_every
+            if every > 0 and step % every == 0 and step < cfg.train.steps then eval_now(step) end
+            local signal = core.signal.stop_requested()
+            local too_many = cfg.train.max_skipped_in_a_row > 0 and in_a_row >= cfg.train.max_skipped_in_a_row
+            if r.cm:due(step, step == cfg.train.steps) or signal or too_many then save_checkpoint(r, step, m) end
+            if signal then stop = {step = step, why = 'stopped by ' .. signal} break end
+            if too_many then stop = {step = step, why = ('%d consecutive steps were skipped (a non-finite loss or '
+                .. 'gradient norm): lower optim.lr, check the data, or raise train.max_skipped_in_a_row'):format(in_a_row)} break end
+            if cfg.stop_after and step >= cfg.stop_after then
+                result.stopped_early = step < cfg.train.steps
+                break
+            end
+        end
+    end)
+    core.signal.release()
+    if not ok then
+        m:close()
+        error(err, 0)
+    end
+    if not stop and not result.stopped_early then eval_now(cfg.train.steps) end
+    result.summary = m:close()
+    if stop then
+        user_error(('%s at step %d of %d; the checkpoint %s/%s holds it: run the same command again to resume')
+            :format(stop.why, stop.step, cfg.train.steps, cfg.checkpoint.dir, checkpoint.step_name(stop.step)))
+    end
+    save_output(cfg, r.model, r.adapters)
+    local losses = result.losses
+    local fall, tail, k = loss_fall(losses)
+    result.fall, result.last_loss = fall, r.last_loss
+    if fall then
+        log(cfg, 'loss %.4f at step %d -> %.4f (mean of the last %d steps): %s', losses[1], r.start + 1, tail, k,
+            M.fall_text(losses[1], tail))
         -- the gate holds for a whole run from step 1 (not a resumed or a stopped one)
-        if cfg.expect_loss_fall and start == 0 and not stopped_early
+        if cfg.expect_loss_fall and r.start == 0 and not result.stopped_early
             and not M.loss_fell_enough(fall, cfg.expect_loss_fall) then
-            fail(('the loss fell by %.1f%%, less than the %.0f%% this recipe expects'):format(100 * fall,
-                100 * cfg.expect_loss_fall))
+            user_error(('the loss fell by %s, less than the %.0f%% this recipe expects'):format(
+                finite(fall) and ('%.1f%%'):format(100 * fall) or 'a non-finite amount', 100 * cfg.expect_loss_fall))
         end
     end
-    return {model = model, adapters = adapters, losses = losses, last_loss = last_loss, summary = summary, fall = fall,
-            optimizer = opt, loader = loader, seconds = lunar.clock() - t_start, start_step = start}
+    result.seconds = lunar.clock() - t_start
+    return result
+end
+
+-- ---- the plan -----------------------------------------------------------------------------------
+
+local DTYPE_BYTES = {f32 = 4, bf16 = 2, f16 = 2}
+
+-- the parameters LoRA adds for peft = {r =, targets =, exclude =, include_mtp =} on a model of
+-- these parameter specs, found by lunar.peft's own target rules on a stand-in for the model's
+-- store that has the shapes but no memory
+local function lora_parameters(spec, mcfg, peft)
+    local shapes, names = {}, {}
+    for _, s in ipairs(spec) do
+        local L = tonumber(s.name:match('^model%.layers%.(%d+)%.'))
+        if not (L and L >= mcfg.num_hidden_layers) or peft.include_mtp then
+            shapes[s.name] = s.shape
+            names[#names + 1] = s.name
+        end
+    end
+    local function shape_only(shape)
+        return {dim = function() return #shape end, size = function(_, i) return shape[i] end}
+    end
+    local store = {tensors = shapes,
+        names = function() local i = 0 return function() i = i + 1 return names[i] end end,
+        get = function(_, name) return shape_only(shapes[name]) end}
+    local chosen, info = lunar.peft.targets(store, peft.targets, {exclude = peft.exclude, include_mtp = true})
+    local n = 0
+    for _, mod in ipairs(chosen) do n = n + peft.r * (info[mod]['in'] + info[mod].out) end
+    return n
+end
+
+-- what run(cfg) would do, printed and returned, without building the model or training:
+-- {params =, trainable =, memory = {weights =, grads =, optimizer =, total =}, data = {rows =,
+-- documents =, tokens =, efficiency =, rows_per_step =, steps_per_epoch =, epochs =}}
+function M.plan(cfg)
+    local mcfg = model_config(cfg)
+    local spec = require('lunar.model.params').spec(mcfg)
+    local params = 0
+    for _, s in ipairs(spec) do
+        local n = 1
+        for _, d in ipairs(s.shape) do n = n * d end
+        params = params + n
+    end
+    local trainable = cfg.peft and lora_parameters(spec, mcfg, cfg.peft) or params
+    local wb = DTYPE_BYTES[cfg.model.dtype] or 4
+    local mem = {weights = params * wb, grads = trainable * wb,
+                 -- AdamW: two f32 moments, and an f32 master copy of a parameter that is not f32
+                 optimizer = trainable * (8 + (wb ~= 4 and 4 or 0))}
+    mem.total = mem.weights + mem.grads + mem.optimizer
+    local tok = lunar.tokenizer.load(cfg.tokenizer)
+    local source, rep = M.load_documents(cfg, tok)
+    report_data(cfg, rep, 'data.train')
+    local loader = make_loader(cfg, source, {shuffle = cfg.data.shuffle ~= false, quiet = true})
+    local st = loader:plan(0).stats
+    local per_step = cfg.data.micro_batch * cfg.train.grad_accum
+    local steps_per_epoch = st.rows / per_step
+    local p = {params = params, trainable = trainable, memory = mem,
+               data = {documents = st.documents, rows = st.rows, tokens = st.real_tokens, slots = st.slots,
+                       efficiency = st.efficiency, rows_per_step = per_step, steps_per_epoch = steps_per_epoch,
+                       epochs = cfg.train.steps / steps_per_epoch}}
+    local lines = {
+        ('plan of %s (%s):'):format(cfg.name, cfg.kind),
+        ('  model        %s, %s parameters (%s trainable), %s, %d layers'):format(mcfg.architecture,
+            metrics_mod.commas(params), metrics_mod.commas(trainable), cfg.model.dtype, mcfg.num_hidden_layers),
+        ('  memory       %s weights + %s gradients + %s AdamW state = %s (activations not included)'):format(
+            mib(mem.weights), mib(mem.grads), mib(mem.optimizer), mib(mem.total)),
+        ('  data         %s documents, %s tokens -> %s rows of %d (packing %s, efficiency %.2f%%)'):format(
+            metrics_mod.commas(st.documents), metrics_mod.commas(st.real_tokens), metrics_mod.commas(st.rows),
+            cfg.data.seq_len, cfg.data.packing or 'bfd', 100 * st.efficiency),
+        ('  schedule     %d steps of %d rows (%d x %d): %.1f steps per epoch, %.2f epochs'):format(cfg.train.steps,
+            per_step, cfg.data.micro_batch, cfg.train.grad_accum, steps_per_epoch, p.data.epochs),
+        ('  outputs      checkpoints %s, metrics %s, final %s'):format(cfg.checkpoint.dir, cfg.metrics.dir,
+            cfg.output.dir or '-'),
+    }
+    print(table.concat(lines, '\n'))
+    return p
 end
 
 return M
