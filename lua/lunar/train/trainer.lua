@@ -200,19 +200,30 @@ local function save_output(cfg, model, adapters)
     log(cfg, 'saved %s to %s', adapters and 'the adapters' or 'the model', out)
 end
 
--- every directory the run writes must be writable before the first step, not found at the end
+-- every directory the run writes must be writable before the first step, not found at the end.
+-- The checkpoint and metrics directories are made now; the output directory is made to be
+-- tried, then removed again with the parents made for it (a stopped run leaves no empty one).
 local function check_writable(cfg)
     for _, key in ipairs({'checkpoint.dir', 'metrics.dir', 'output.dir'}) do
         local sect, k = key:match('^(%w+)%.(%w+)$')
         local dir = cfg[sect] and cfg[sect][k]
         if dir then
             local ok, err = pcall(function()
+                local made = {}
+                if key == 'output.dir' then
+                    local p = dir:gsub('/+$', '')
+                    while p ~= '' and p ~= '.' and not fs.stat(p) do
+                        made[#made + 1] = p
+                        p = p:match('^(.*)/[^/]*$') or ''
+                    end
+                end
                 fs.mkdir_p(dir)
                 local probe = ('%s/.lunar_write_test.%d'):format(dir, fs.getpid())
                 local f, why = io.open(probe, 'wb')
                 if not f then error(why, 0) end
                 f:close()
                 os.remove(probe)
+                for _, p in ipairs(made) do os.remove(p) end   -- deepest first
             end)
             if not ok then
                 user_error(('%s=%s cannot be written: %s'):format(key, dir, strip_where(err)))

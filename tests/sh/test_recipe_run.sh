@@ -1,0 +1,147 @@
+#!/bin/sh
+# tests/sh/test_recipe_run.sh LUNAR_BIN: a recipe as a process (the tiny SFT preset, small
+# settings):
+#   * SIGTERM, or a first Ctrl-C (SIGINT), finishes the step, writes a checkpoint of it and exits
+#     non-zero saying so; the same command resumes from that step; a second SIGINT ends the
+#     process at once;
+#   * under mpirun with 2 ranks, every rank refuses before any work (no file is written);
+#   * --help lists every setting with its meaning; --dry-run prints the plan and writes nothing;
+#   * quiet=true keeps the end-of-run summary; checkpoint saves are logged;
+#   * a user error is one line, with the stack only under --traceback;
+#   * paths on the command line are relative to the current directory.
+set -u
+LUNAR=${1:?usage: test_recipe_run.sh LUNAR_BIN}
+case $LUNAR in /*) ;; *) LUNAR=$(pwd)/$LUNAR ;; esac
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/lunar-recipe.XXXXXX")
+trap '[ -n "${KEEP:-}" ] || rm -rf "$TMP"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+SMALL="expect_loss_fall=false data.limit=24 data.seq_len=128 data.micro_batch=2 data.max_rejected=0.5 optim.warmup=0"
+
+run() { # dir args...: the SFT recipe writing under dir; output in dir.out / dir.err, status in rc
+    d=$1
+    shift
+    "$LUNAR" "$REPO/recipes/sft.lua" $SMALL checkpoint.dir="$d/ckpt" metrics.dir="$d" output.dir="$d/final" "$@" \
+        >"$d.out" 2>"$d.err" </dev/null
+    rc=$?
+}
+expect() { # file text what
+    grep -q -F -- "$2" "$1" || { cat "$1" >&2; fail "$3: '$2' not in $1"; }
+}
+# waits until the run writing under $1 has logged step $2 (pid $3)
+wait_step() {
+    i=0
+    until grep -q "\"step\":$2," "$1/metrics.jsonl" 2>/dev/null; do
+        kill -0 "$3" 2>/dev/null || { cat "$1.out" "$1.err" >&2; fail "the run ended before step $2"; }
+        i=$((i + 1)); [ $i -lt 3000 ] || { kill -9 "$3"; fail "step $2 never came"; }
+        sleep 0.05
+    done
+}
+
+# ---- SIGTERM: a checkpoint of the step, a message, a non-zero exit; then the run resumes -------
+mkdir -p "$TMP/term"
+"$LUNAR" "$REPO/recipes/sft.lua" $SMALL train.steps=500 checkpoint.every=1000 quiet=true \
+    checkpoint.dir="$TMP/term/ckpt" metrics.dir="$TMP/term" output.dir="$TMP/term/final" \
+    >"$TMP/term.out" 2>"$TMP/term.err" </dev/null &
+pid=$!
+wait_step "$TMP/term" 2 $pid
+kill -TERM $pid
+wait $pid
+rc=$?
+[ $rc = 1 ] || { cat "$TMP/term.err"; fail "SIGTERM: exit status $rc, want 1"; }
+expect "$TMP/term.err" "stopped by SIGTERM at step" "SIGTERM message"
+step=$(sed -n 's/.*stopped by SIGTERM at step \([0-9]*\) of.*/\1/p' "$TMP/term.err")
+ck=$(printf '%s/term/ckpt/step_%06d' "$TMP" "$step")
+[ -f "$ck/COMPLETE.json" ] || fail "SIGTERM: no complete checkpoint of step $step"
+[ ! -e "$TMP/term/final" ] || fail "SIGTERM: a stopped run wrote its final output"
+"$LUNAR" "$REPO/recipes/sft.lua" $SMALL train.steps=$((step + 1)) checkpoint.every=1000 \
+    checkpoint.dir="$TMP/term/ckpt" metrics.dir="$TMP/term" output.dir="$TMP/term/final" \
+    >"$TMP/term2.out" 2>"$TMP/term2.err" </dev/null || { cat "$TMP/term2.err"; fail "the resumed run failed"; }
+expect "$TMP/term2.out" "(step $step)" "resumed from the SIGTERM checkpoint"
+echo "ok    SIGTERM: checkpoint of step $step, exit 1, resumed"
+
+# ---- SIGINT twice: the second one ends the process at once, even during the stop's checkpoint ---
+mkdir -p "$TMP/int"
+LUNAR_CKPT_TEST_SLEEP=2 "$LUNAR" "$REPO/recipes/sft.lua" $SMALL train.steps=500 checkpoint.every=1000 quiet=true \
+    checkpoint.dir="$TMP/int/ckpt" metrics.dir="$TMP/int" output.dir="$TMP/int/final" \
+    >"$TMP/int.out" 2>"$TMP/int.err" </dev/null &
+pid=$!
+wait_step "$TMP/int" 1 $pid
+kill -INT $pid
+i=0
+until ls -d "$TMP/int/ckpt"/.tmp.step_* >/dev/null 2>&1; do   # the first one's checkpoint is being written
+    kill -0 $pid 2>/dev/null || { cat "$TMP/int.err" >&2; fail "the run ended after one SIGINT"; }
+    i=$((i + 1)); [ $i -lt 1200 ] || { kill -9 $pid; fail "the first SIGINT started no checkpoint"; }
+    sleep 0.05
+done
+kill -INT $pid
+wait $pid
+rc=$?
+[ $rc = 130 ] || { cat "$TMP/int.err"; fail "two SIGINTs: exit status $rc, want 130 (ended by the signal)"; }
+echo "ok    a second SIGINT ends the process at once"
+
+# ---- under mpirun, every rank refuses before any work -----------------------------------------
+case ",${LUNAR_BUILT_WITHOUT:-}," in
+*,mpi,*) echo "skip  mpirun (built without MPI)" ;;
+*)
+    if command -v mpirun >/dev/null 2>&1; then
+        mkdir -p "$TMP/mpi"
+        timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 -x LUNAR_THREADS=1 -x OMP_NUM_THREADS=1 \
+            "$LUNAR" "$REPO/recipes/sft.lua" $SMALL checkpoint.dir="$TMP/mpi/ckpt" metrics.dir="$TMP/mpi/m" \
+            output.dir="$TMP/mpi/final" >"$TMP/mpi.out" 2>&1
+        rc=$?
+        [ $rc != 0 ] || fail "mpirun -np 2: exit status 0"
+        expect "$TMP/mpi.out" "started as 2 ranks, but multi-rank training is not implemented" "mpirun refusal"
+        [ -z "$(ls "$TMP/mpi")" ] || fail "mpirun -np 2: files were written: $(ls -R "$TMP/mpi")"
+        echo "ok    mpirun -np 2 refuses on every rank (rc $rc), nothing written"
+    else
+        echo "skip  mpirun (not installed)"
+    fi
+    ;;
+esac
+
+# ---- --help, --dry-run ------------------------------------------------------------------------
+"$LUNAR" "$REPO/recipes/sft.lua" --help >"$TMP/help.out" 2>&1 || fail "--help failed"
+expect "$TMP/help.out" "usage: lunar recipes/sft.lua" "--help"
+grep -q '^  optim.lr  *0.0025  *peak learning rate' "$TMP/help.out" || { cat "$TMP/help.out"; fail "--help: optim.lr"; }
+mkdir -p "$TMP/plan"
+(cd "$TMP/plan" && "$LUNAR" "$REPO/recipes/sft.lua" --dry-run quiet=true >"$TMP/plan.out" 2>&1) ||
+    { cat "$TMP/plan.out"; fail "--dry-run failed"; }
+expect "$TMP/plan.out" "plan of tiny_sft (sft):" "--dry-run"
+grep -q 'rows of 512 (packing bfd, efficiency [0-9.]*%)' "$TMP/plan.out" || { cat "$TMP/plan.out"; fail "--dry-run: packing"; }
+expect "$TMP/plan.out" "3,446,720 parameters" "--dry-run: parameters"
+[ -z "$(ls "$TMP/plan")" ] || fail "--dry-run wrote files: $(ls "$TMP/plan")"
+echo "ok    --help and --dry-run"
+
+# ---- quiet keeps the summary; saves are logged --------------------------------------------------
+mkdir -p "$TMP/q"
+run "$TMP/q" train.steps=2 quiet=true
+[ $rc = 0 ] || { cat "$TMP/q.err"; fail "quiet run: exit status $rc"; }
+expect "$TMP/q.out" "Run summary: 2 steps (1-2)" "quiet=true keeps the summary"
+mkdir -p "$TMP/v"
+run "$TMP/v" train.steps=2 checkpoint.every=1
+[ $rc = 0 ] || { cat "$TMP/v.err"; fail "run: exit status $rc"; }
+grep -q "^checkpoint step 1: $TMP/v/ckpt/step_000001 ([0-9.]* MiB, [0-9.]* s)" "$TMP/v.out" ||
+    { cat "$TMP/v.out"; fail "checkpoint saves are not logged"; }
+echo "ok    quiet=true prints the summary; saves are logged"
+
+# ---- user errors: one line; --traceback shows the stack -----------------------------------------
+"$LUNAR" "$REPO/recipes/sft.lua" model.dtype=int8 >"$TMP/e.out" 2>"$TMP/e.err"
+rc=$?
+[ $rc = 1 ] || fail "model.dtype=int8: exit status $rc"
+[ "$(wc -l <"$TMP/e.err")" = 1 ] || { cat "$TMP/e.err"; fail "a user error is not one line"; }
+expect "$TMP/e.err" "lunar: recipe tiny_sft: model.dtype=int8: expected f32, bf16, f16" "model.dtype=int8"
+"$LUNAR" --traceback "$REPO/recipes/sft.lua" model.dtype=int8 >"$TMP/e.out" 2>"$TMP/e.err"
+expect "$TMP/e.err" "stack traceback:" "--traceback"
+"$LUNAR" "$REPO/recipes/sft.lua" model.dtype=int8 --traceback >"$TMP/e.out" 2>"$TMP/e.err"
+expect "$TMP/e.err" "stack traceback:" "the recipe's own --traceback"
+echo "ok    user errors are one line; --traceback"
+
+# ---- paths on the command line are relative to the current directory ----------------------------
+mkdir -p "$TMP/cwd"
+head -n 30 "$REPO/examples/data/sft/gsm8k_train_chat_first1000.jsonl" >"$TMP/cwd/mine.jsonl"
+(cd "$TMP/cwd" && "$LUNAR" "$REPO/recipes/sft.lua" data.train=mine.jsonl --dry-run quiet=true >"$TMP/cwd.out" 2>&1) ||
+    { cat "$TMP/cwd.out"; fail "data.train relative to the current directory"; }
+expect "$TMP/cwd.out" "30 documents" "data.train=mine.jsonl read from the current directory"
+echo "ok    command-line paths are relative to the current directory"
+echo "all passed"
