@@ -184,6 +184,8 @@ T:test('rows that are not UTF-8 or have nothing to train on are rejected and cou
     T.equal(rep:lines('invalid_utf8'), {2}, 'its line')
     -- text documents too
     write(d .. '/t.txt', 'one\n\ntw\255o\n\nthree\n')
+    -- a directory among the JSONL files is named, with its path
+    refuses(function() lunar.data.read_chat({d}) end, {'read_chat: ' .. d .. ' is a directory, not a JSONL file'})
     local trows, trep = lunar.data.read_text({d .. '/t.txt'})
     T.equal(#trows, 2, 'text documents kept')
     T.equal(trep.counts.invalid_utf8, 1, 'the bad document')

@@ -4,7 +4,8 @@
 --       require_assistant = true, limit =, report =, show = 5})
 --     rows[i] = {messages = {{role=, content=, ...}, ...}, tools = <the row's tools list or nil>,
 --     id =, file =, line =, raw = <object>}. A row with tools or tool calls is decoded keeping
---     its objects' key order (lunar.pyjson), since the templates write them out as JSON.
+--     its objects' key order and its integers past 2^53 exact (lunar.pyjson), since the
+--     templates write them out as JSON.
 --     Rejected: invalid_utf8 (a line that is not UTF-8), invalid_json, not_object, missing_field
 --     (no messages, a message without role or content), wrong_type (messages not an array, a
 --     message not an object, role or content not a string, tools not an array),
@@ -97,6 +98,8 @@ local function read_jsonl(what, paths, opts, check)
     local rep = opts.report or report.new{show = opts.show, name = what}
     local rows, limit = {}, opts.limit
     for _, path in ipairs(paths_of(paths, what)) do
+        local st = core.fs.stat(path)
+        if st and st.type == 'dir' then fail(('%s: %s is a directory, not a JSONL file'):format(what, path)) end
         local f, err = io.open(path, 'rb')
         if not f then fail(('%s: cannot open %s'):format(what, err or path)) end
         local ln = 0
