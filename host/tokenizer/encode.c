@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "tok.h"
+#include "unicode.h"
 
 #define CACHE_SLOTS   (1u << 15)   /* power of two */
 #define CACHE_MAX     (1u << 14)   /* entries before the cache is cleared */
@@ -432,21 +433,11 @@ static int pretokenize(const lunar_tokenizer *tok, tok_ws *w, const uint8_t *p, 
 
 /* ---- added tokens ------------------------------------------------------------------------------- */
 
-/* Unicode White_Space (the \s of Rust's regex crate) */
-static inline int is_space_cp(uint32_t c) {
-    return (c >= 9 && c <= 13) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
-           c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
-}
-
 /* length of the well-formed character that ends at p + end (not before p + lo), or 0 */
 static int char_before(const uint8_t *p, size_t lo, size_t end, uint32_t *cp) {
     for (int l = 1; l <= 4 && end >= lo + (size_t)l; l++)
         if (tok_utf8_len(p + end - l, (size_t)l, cp) == l) return l;
     return 0;
-}
-
-static int is_word_char(const lunar_tokenizer *tok, tok_ws *w, const uint8_t *c, size_t l) {
-    return pcre2_match(tok->word_re, c, l, 0, PCRE2_NO_UTF_CHECK | PCRE2_ANCHORED, w->md, NULL) >= 0;
 }
 
 static int added_pass(const lunar_tokenizer *tok, tok_ws *w, int set, const uint8_t *p, size_t n, int flags);
@@ -481,22 +472,22 @@ static int added_pass(const lunar_tokenizer *tok, tok_ws *w, int set, const uint
         if (a->single_word) {
             uint32_t cp;
             int l = char_before(p, 0, start, &cp);
-            int start_space = start == 0 || !(l && is_word_char(tok, w, p + start - l, (size_t)l));
+            int start_space = start == 0 || !(l && tok_is_rust_word(cp));
             l = stop < n ? tok_utf8_len(p + stop, n - stop, &cp) : 0;
-            int stop_space = stop == n || !(l && is_word_char(tok, w, p + stop, (size_t)l));
+            int stop_space = stop == n || !(l && tok_is_rust_word(cp));
             if (!start_space || !stop_space) continue;
         }
         if (a->lstrip) {   /* take the whitespace before it, but not what an earlier match took */
             size_t s = start;
             uint32_t cp;
             int l;
-            while ((l = char_before(p, 0, s, &cp)) && is_space_cp(cp)) s -= (size_t)l;
+            while ((l = char_before(p, 0, s, &cp)) && tok_is_white_space(cp)) s -= (size_t)l;
             start = s > start_offset ? s : start_offset;
         }
         if (a->rstrip) {
             uint32_t cp;
             int l;
-            while (stop < n && (l = tok_utf8_len(p + stop, n - stop, &cp)) && is_space_cp(cp)) stop += (size_t)l;
+            while (stop < n && (l = tok_utf8_len(p + stop, n - stop, &cp)) && tok_is_white_space(cp)) stop += (size_t)l;
         }
         if (start_offset < start && gap_done(tok, w, set, p + start_offset, start - start_offset, flags)) return -1;
         if (emit(w, a->id)) return -1;

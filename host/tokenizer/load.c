@@ -3,8 +3,8 @@
  * Everything the encoder needs is built here once: the model vocab as a hash map, the merges as
  * a map (id a, id b) -> (rank, merged id), the one-byte tokens, the bytes each id decodes to
  * (HF's ByteLevel decoder rule), the added tokens grouped by first byte for leftmost-longest
- * matching, and the pre-tokenizer steps with their regexes compiled by PCRE2 (JIT when the
- * platform has it). Anything the encoder does not implement is refused with an error that
+ * matching, and the pre-tokenizer steps with their regexes translated to PCRE2 (regex.c) and
+ * compiled (JIT when the platform has it). Anything the encoder does not implement is refused with an error that
  * names the file, the key and the value, so that nothing is silently mis-tokenized.
  */
 #include <stdarg.h>
@@ -421,87 +421,25 @@ static lunar_status read_added(loader *ld, const cJSON *root, int32_t *max_id) {
 
 /* ---- pre-tokenizer, normalizer, decoder --------------------------------------------------------------- */
 
-/* The \s of Oniguruma (which HF tokenizers' Split uses) is Unicode White_Space; PCRE2's \s
- * with UCP also takes U+180E MONGOLIAN VOWEL SEPARATOR. So \s and \S are written out as this
- * class before compiling (inside a character class only \s can be: \S stays PCRE2's). */
-#define ONIG_SPACE "\\t-\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
-
-static char *rewrite_spaces(const char *pat, size_t len, size_t *out_len) {
-    static const char sp[] = ONIG_SPACE;
-    char *out = malloc(len * (sizeof sp + 4) + 1);
-    if (!out) return NULL;
-    size_t k = 0;
-    int in_class = 0;
-    for (size_t i = 0; i < len; i++) {
-        char c = pat[i];
-        if (c == '\\' && i + 1 < len) {
-            char d = pat[i + 1];
-            if (d == 'Q') {   /* \Q...\E: verbatim */
-                size_t j = i;
-                while (j < len && !(pat[j] == '\\' && j + 1 < len && pat[j + 1] == 'E' && j > i + 1)) j++;
-                size_t end = j < len ? j + 2 : len;
-                memcpy(out + k, pat + i, end - i);
-                k += end - i;
-                i = end - 1;
-                continue;
-            }
-            if (d == 's' || (d == 'S' && !in_class)) {
-                if (!in_class) out[k++] = '[';
-                if (d == 'S') out[k++] = '^';
-                memcpy(out + k, sp, sizeof sp - 1);
-                k += sizeof sp - 1;
-                if (!in_class) out[k++] = ']';
-                i++;
-                continue;
-            }
-            out[k++] = c;
-            out[k++] = d;
-            i++;
-            continue;
-        }
-        if (c == '[') {
-            if (in_class) {
-                if (i + 1 < len && pat[i + 1] == ':') {   /* [:alpha:] */
-                    const char *e = strstr(pat + i, ":]");
-                    size_t end = e && (size_t)(e - pat) < len ? (size_t)(e - pat) + 2 : i + 1;
-                    memcpy(out + k, pat + i, end - i);
-                    k += end - i;
-                    i = end - 1;
-                    continue;
-                }
-            } else {
-                in_class = 1;
-                out[k++] = c;
-                if (i + 1 < len && pat[i + 1] == '^') out[k++] = pat[++i];
-                if (i + 1 < len && pat[i + 1] == ']') out[k++] = pat[++i];   /* a literal ] first */
-                continue;
-            }
-        } else if (c == ']' && in_class) {
-            in_class = 0;
-        }
-        out[k++] = c;
-    }
-    out[k] = 0;
-    *out_len = k;
-    return out;
-}
-
+/* A Split or ByteLevel regex: translated from HF's Oniguruma syntax into a PCRE2 pattern whose
+ * classes follow lunar's Unicode 16 tables (regex.c), then compiled (JIT when available). */
 static lunar_status compile_re(loader *ld, tok_stage *s, const char *pat, size_t len, int literal, const char *where) {
     int err;
     PCRE2_SIZE erroff;
     uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
-    char *rw = NULL;
+    char *tr = NULL;
     if (!literal) {
-        if (!(rw = rewrite_spaces(pat, len, &len))) return oom(ld);
-        pat = rw;
+        char msg[400];
+        if (!(tr = tok_regex_translate(pat, len, &len, msg, sizeof msg)))
+            return lfail(ld, LUNAR_ERR_UNSUPPORTED, "%s: %s", where, msg);
+        pat = tr;
     }
     s->re = pcre2_compile((PCRE2_SPTR)pat, len, opts, &err, &erroff, NULL);
-    free(rw);
+    free(tr);
     if (!s->re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(err, msg, sizeof msg);
-        return lfail(ld, LUNAR_ERR_FORMAT, "%s: PCRE2 cannot compile the pattern (at offset %zu: %s)", where,
-                     (size_t)erroff, (const char *)msg);
+        return lfail(ld, LUNAR_ERR_FORMAT, "%s: PCRE2 cannot compile the pattern (%s)", where, (const char *)msg);
     }
     s->jit = pcre2_jit_compile(s->re, PCRE2_JIT_COMPLETE) == 0;
     return LUNAR_OK;
@@ -692,20 +630,6 @@ static lunar_status build_tables(loader *ld, int32_t max_id) {
     }
     free(mapped);
     if (st != LUNAR_OK) return st;
-    /* \w of Rust's regex crate (HF's single_word test); older PCRE2 lacks the binary properties */
-    int need_word = 0;
-    for (int i = 0; i < tok->n_added; i++) need_word |= tok->added[i].single_word;
-    if (need_word) {
-        static const char *pats[] = {"[\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\p{Join_Control}]",
-                                     "[\\p{L}\\p{Nl}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}]"};
-        for (int i = 0; i < 2 && !tok->word_re; i++) {
-            int err;
-            PCRE2_SIZE erroff;
-            tok->word_re = pcre2_compile((PCRE2_SPTR)pats[i], PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP | PCRE2_ANCHORED,
-                                         &err, &erroff, NULL);
-        }
-        if (!tok->word_re) return lfail(ld, LUNAR_ERR_INTERNAL, "PCRE2 cannot compile the word-character class");
-    }
     return LUNAR_OK;
 }
 
@@ -771,7 +695,6 @@ void lunar_tokenizer_free(lunar_tokenizer *tok) {
     if (!tok) return;
     tok_ws_free_all(tok);
     for (int i = 0; i < tok->n_stages; i++) pcre2_code_free(tok->stages[i].re);
-    pcre2_code_free(tok->word_re);
     strmap_free(&tok->vocab);
     strmap_free(&tok->raw_vocab);
     strmap_free(&tok->added_map);

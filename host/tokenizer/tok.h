@@ -121,7 +121,6 @@ struct lunar_tokenizer {
     lunar_tok_added *added;       /* in id order; content points into added_text */
     char            *added_text;
     tok_matcher      match[2];    /* 0: non-normalized tokens, 1: normalized ones */
-    pcre2_code      *word_re;     /* one \w character, for single_word (NULL if none needs it) */
 
     int       n_stages;
     tok_stage stages[TOK_MAX_STAGES];
@@ -172,6 +171,11 @@ static inline int tok_utf8_len(const uint8_t *p, size_t n, uint32_t *cp) {
 /* GPT-2's byte <-> character map: the character of each byte, and the byte of a character
  * (code points below 324), or -1. */
 void tok_byte_chars(uint32_t byte_cp[256], int16_t cp_byte[324]);
+
+/* HF's pre-tokenizer regex (Oniguruma syntax) as a PCRE2 pattern whose classes are lunar's
+ * Unicode 16 ones (regex.c). NULL with msg set when the pattern uses what lunar cannot match
+ * the way HF does; otherwise a malloc'ed pattern of *out_len bytes. */
+char *tok_regex_translate(const char *pat, size_t len, size_t *out_len, char *msg, size_t msg_size);
 
 /* internal to encode.c, used by load.c */
 void tok_ws_free_all(lunar_tokenizer *tok);

@@ -390,6 +390,61 @@ T:test('malformed tokenizer.json: errors name the file and the key', function()
     T.raises(function() lunar.tokenizer.load('tests/fixtures') end, 'tests/fixtures: the directory has no tokenizer.json')
 end)
 
+-- ---- Unicode 15 and 16 (tests/fixtures/tokenizer/make_unicode16_fixtures.py) ------------------------
+
+-- the Split regex of the fixture's "words" variant (WORDS_REGEX of the script)
+local WORDS_REGEX = [=[\b\p{Lu}\p{Ll}*|\b\p{L}+|\d+|\w+|\s+|[^\w\s]]=]
+
+T:test('every code point new in Unicode 15.0, 15.1 and 16.0: after a space, before \'s, between digits, in a word, before a single_word token', function()
+    local samples, head = read_corpus(DIR .. 'unicode16/corpus.bin')
+    eq(#samples > 10300, true, 'texts: ' .. #samples)
+    local j = lunar.io.decode_json(read_file(DIR .. 'unicode16/tokenizer.json'))
+    for v, name in ipairs(head.variants) do
+        if name == 'words' then j.pre_tokenizer.pretokenizers[1].pattern.Regex = WORDS_REGEX end
+        local path = os.tmpname()
+        write_file(path, lunar.io.encode_json(j))
+        local tok = lunar.tokenizer.load(path)
+        os.remove(path)
+        check_all(samples, tok:encode_batch(texts_of(samples)), function(s) return s.ids[v] end, name)
+    end
+end)
+
+T:test('pre-tokenizer regexes: what lunar cannot match as HF does is an error naming it', function()
+    local cases = {
+        {[[\p{Han}+]], "the property '\\p{Han}' is not supported"},
+        {[[\X]], '\\X (a grapheme cluster) is not supported'},
+        {[=[[[:alpha:]]]=], 'POSIX bracket classes'},
+        {[=[[a[bc]]]=], 'nested character classes'},
+        {[=[[\w&&[^a]]]=], 'class intersection (&&)'},
+        {[[(?i:é)]], 'the non-ASCII character U+00E9 under (?i)'},
+        {[=[(?i)[\p{L}x]]=], 'in a character class under (?i)'},
+        {[[(?i:'ss)]], "'ss' under (?i)"},
+        {[[(?i)x(?-i)ss|(?i:fl)]], "'fl' under (?i)"},
+    }
+    for i, c in ipairs(cases) do
+        local ok, err, path = load_text(tiny_json(function(j) j.pre_tokenizer.pretokenizers[1].pattern.Regex = c[1] end))
+        eq(ok, false, 'case ' .. i .. ' (' .. c[1] .. ') loaded')
+        err = tostring(err)
+        if not err:find(path .. ': pre_tokenizer.pretokenizers[0].pattern.Regex: ', 1, true) then
+            error('case ' .. i .. ': the message does not name the file and the key: ' .. err)
+        end
+        if not err:find(c[2], 1, true) then error('case ' .. i .. ': expected "' .. c[2] .. '" in: ' .. err) end
+    end
+    -- what lunar does take, with ids worked out by hand (merges h+e, l+l, he+ll; byte ids)
+    local function with_regex(re)
+        local ok, tok = load_text(tiny_json(function(j) j.pre_tokenizer.pretokenizers[1].pattern.Regex = re end))
+        eq(ok, true, tostring(tok))
+        return tok
+    end
+    local tok = with_regex([[(?i:he)|\p{Letter}+|\s+|[^\s\p{L}]+]])      -- (?i) on ASCII; a long property name
+    eq(tok:encode('hell'), {256, 257}, 'he | ll')
+    eq(tok:encode('HEll'), {72, 69, 257}, 'HE | ll')
+    tok = with_regex([[\h+|[^\h]+]])                                     -- Oniguruma's \h: a hex digit
+    eq(tok:encode('hell'), {104, 101, 257}, 'h | e | ll')
+    tok = with_regex([[\b\w|\w+|\W+]])                                    -- \b of Oniguruma's \w
+    eq(tok:encode('hell he'), {104, 101, 257, 32, 104, 101}, 'h | ell | " " | h | e')
+end)
+
 -- ---- every Unicode code point (developer check: LUNAR_TOK_SWEEP=<file from --sweep>) ---------------
 
 T:test('every code point after a letter, digit, space, apostrophe and newline (LUNAR_TOK_SWEEP)', function()
