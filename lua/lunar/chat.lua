@@ -19,7 +19,8 @@
 --   * reasoning is read from reasoning_content, else thinking, else reasoning (transformers 5);
 --   * tool_calls = {{function = {name =, arguments =}} or {name =, arguments =}}; arguments is
 --     an object, or a JSON string that is decoded first (as vLLM does: the templates call
---     arguments.items(), which fails on a string). Object key order: see lunar.pyjson.
+--     arguments.items(), which fails on a string). Object key order, and integers beyond 2^53
+--     (kept exact as pyjson.int, as Python's ints are): see lunar.pyjson.
 --   * content is a string, a list of parts ({type='text', text=} or strings; other parts are
 --     skipped) or absent; tool content may also be a list of strings or {output = string}.
 --   * options left nil are jinja2's "undefined": enable_thinking = nil means thinking on.
@@ -126,7 +127,7 @@ end
 local function scalar_text(v, as_float, where)
     local tv = type(v)
     if tv == 'string' then return v end
-    if tv == 'number' then return pyjson.number(v, as_float) end
+    if tv == 'number' or pyjson.is_int(v) then return pyjson.number(v, as_float) end
     if tv == 'boolean' then return v and 'True' or 'False' end
     fail(where .. ': expected a string, got ' .. (v == null and 'null' or tv))
 end
@@ -134,7 +135,7 @@ end
 -- the templates' visible_text macro: strings as they are, text parts of a list concatenated
 local function visible_text(content, where, as_float)
     if content == nil or content == null then return '' end   -- undefined: an empty loop
-    if type(content) ~= 'table' then return scalar_text(content, as_float, where) end
+    if type(content) ~= 'table' or pyjson.is_int(content) then return scalar_text(content, as_float, where) end
     local mt = getmetatable(content)
     if pyjson.is_object(content) and (next(content) ~= nil or (mt and mt.__keys)) then
         fail(where .. ': content is an object; expected a string or a list of parts')
@@ -174,7 +175,8 @@ local function call_arguments(tc, v5, where)
         if not ok then fail(where .. ': arguments is a string that is not JSON (' .. dec .. ')') end
         args = dec
         if not pyjson.is_object(args) then
-            local kind = pyjson.is_array(args) and 'list' or args == null and 'null' or type(args)
+            local kind = pyjson.is_array(args) and 'list' or args == null and 'null' or
+                         pyjson.is_int(args) and 'number' or type(args)
             fail(where .. ': arguments decodes to a JSON ' .. kind .. ', not an object')
         end
     end
@@ -256,7 +258,7 @@ local function tool_turn(out, messages, i, v5, where)
     end
     for j = 1, #content do
         local tr, text = content[j], nil
-        if type(tr) == 'table' and tr ~= null then
+        if type(tr) == 'table' and tr ~= null and not pyjson.is_int(tr) then
             if tr.output == nil then fail(where .. ' result ' .. j .. ': an object without output') end
             text = scalar_text(tr.output, float_mark(tr, 'output'), where .. ' result ' .. j .. ' output')
         else

@@ -17,7 +17,10 @@
 --   * a number is written as a Python float (1.0, 1e-05, 1e+16) when it is not integral, or when
 --     its container marks it as a float in the metatable's __json_floats = {key = true} (decode
 --     marks every number written with '.' or an exponent; lunar.io.decode_json does the same);
---     otherwise as an int. Integers beyond 2^53 lose precision, as doubles do.
+--     otherwise as an int;
+--   * Python's ints have no size limit: decode keeps an integer literal that a double cannot hold
+--     exactly (12345678901234567891, 2^53 + 1) as pyjson.int(digits), which dumps writes back
+--     digit for digit; pyjson.is_int(v) tells one, v.text holds its digits (tostring(v) too).
 -- null: pyjson.null (lunar.io.null when lunar's core is loaded, so both readers agree).
 local M = {}
 
@@ -36,6 +39,17 @@ M.null = io_null or setmetatable({}, {__tostring = function() return 'pyjson.nul
 function M.is_null(v) return v == M.null end
 
 local ARRAY_MT = {__json_array = true}
+local INT_MT = {__name = 'pyjson.int', __tostring = function(v) return v.text end}
+
+-- an exact integer from its decimal digits ('-' allowed), for values beyond a double's 2^53
+function M.int(text)
+    if type(text) ~= 'string' or not text:match('^%-?%d+$') then
+        error('pyjson.int: expected decimal digits, got ' .. tostring(text), 2)
+    end
+    return setmetatable({text = text}, INT_MT)
+end
+
+function M.is_int(v) return getmetatable(v) == INT_MT end
 
 -- marks t (default {}) as a JSON array
 function M.array(t) return setmetatable(t or {}, ARRAY_MT) end
@@ -71,7 +85,7 @@ function M.is_array(t)
     if type(t) ~= 'table' or t == M.null then return false end
     local mt = getmetatable(t)
     if mt then
-        if mt.__keys then return false end
+        if mt.__keys or mt == INT_MT then return false end
         if mt.__json_array or mt == io_array_mt then return true end
     end
     local n, count = #t, 0
@@ -80,7 +94,7 @@ function M.is_array(t)
 end
 
 function M.is_object(t)
-    return type(t) == 'table' and t ~= M.null and not M.is_array(t)
+    return type(t) == 'table' and t ~= M.null and getmetatable(t) ~= INT_MT and not M.is_array(t)
 end
 
 -- the keys of an object in Python's order (see the header)
@@ -170,8 +184,12 @@ local function int_repr(v)
     return format('%.0f', v)
 end
 
--- the text json.dumps writes for number v; as_float: the container marks it a float
+-- the text json.dumps writes for number v (or a pyjson.int); as_float: the container marks it a float
 function M.number(v, as_float)
+    if getmetatable(v) == INT_MT then
+        if as_float then return float_repr(tonumber(v.text)) end
+        return v.text
+    end
     if as_float or v ~= v or v == huge or v == -huge or v ~= floor(v) then return float_repr(v) end
     return int_repr(v)
 end
@@ -210,6 +228,8 @@ dump = function(v, as_float, depth, out)
         out[#out + 1] = M.number(v, as_float)
     elseif tv == 'string' then
         out[#out + 1] = quote(v)
+    elseif getmetatable(v) == INT_MT then
+        out[#out + 1] = M.number(v, as_float)
     elseif tv == 'table' then
         if depth > 200 then error('pyjson.dumps: nested more than 200 levels (a cycle?)', 0) end
         local mt = getmetatable(v)
@@ -369,7 +389,10 @@ local function parse_value(s, i, depth)
             if e2 then b, is_float = e2, true end
             local text = sub(s, a, b)
             if text:match('^-?0%d') then decode_error(s, i, 'leading zero in number') end
-            return tonumber(text), b + 1, is_float
+            local v = tonumber(text)
+            -- an int a double cannot hold stays exact (Python's ints have no limit)
+            if not is_float and v ~= 0 and format('%.0f', v) ~= text then return M.int(text), b + 1, false end
+            return v, b + 1, is_float
         end
         for _, lit in ipairs(LITERALS) do
             if sub(s, i, i + #lit[1] - 1) == lit[1] then
@@ -381,7 +404,8 @@ local function parse_value(s, i, depth)
 end
 
 -- json.loads(text): objects keep their key order (metatable __keys), numbers written as floats
--- are marked (__json_floats), null is pyjson.null, empty arrays are marked arrays.
+-- are marked (__json_floats), integers beyond a double stay exact (pyjson.int), null is
+-- pyjson.null, empty arrays are marked arrays.
 function M.decode(text)
     if type(text) ~= 'string' then error('pyjson.decode: expected a string, got ' .. type(text), 2) end
     local v, i = parse_value(text, 1, 0)

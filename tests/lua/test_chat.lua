@@ -60,6 +60,33 @@ T:test('fixture file: >= 60 conversations, every feature present', function()
     end
 end)
 
+T:test('a JSONL row read by lunar.data keeps integers beyond 2^53 exact, as jinja2 prints them', function()
+    local data = require 'lunar.data'
+    local line
+    for l in io.lines(FIXTURES) do
+        if l:find('"id": "tool_call_big_ints_row"', 1, true) then line = l end
+    end
+    eq(line ~= nil, true, 'the fixture tool_call_big_ints_row')
+    local path = os.tmpname()
+    local f = assert(io.open(path, 'w'))
+    f:write(line, '\n')
+    f:close()
+    local rows = data.read_chat(path)
+    os.remove(path)
+    eq(#rows, 1)
+    local fx = pyjson.decode(line)
+    for _, tname in ipairs(TEMPLATES) do
+        local got = chat.render(rows[1].messages, {template = tname, tools = rows[1].tools})
+        if got ~= fx[tname].text then error(tname .. ': ' .. diff(got, fx[tname].text)) end
+    end
+    local args = rows[1].messages[2].tool_calls[1]['function'].arguments
+    eq(pyjson.is_int(args.big) and args.big.text, '12345678901234567891')
+    eq(pyjson.is_int(args.p53) and tostring(args.p53), '9007199254740993')
+    eq(args.exact, 2 ^ 60, 'exact in a double: a number')
+    eq(pyjson.dumps(pyjson.decode('[12345678901234567891, -98765432109876543210, 9007199254740993, 9007199254740992]')),
+       '[12345678901234567891, -98765432109876543210, 9007199254740993, 9007199254740992]')
+end)
+
 for _, tname in ipairs(TEMPLATES) do
     T:test(tname .. ': identical text to jinja2 on every fixture', function()
         local n = 0
