@@ -528,8 +528,9 @@ function M.validate(cfg)
         user_error(('recipe %s: set model.path (an HF checkpoint directory) or model.config'):format(cfg.name))
     end
     int('optim.warmup', o.warmup, 0)
-    if o.warmup > t.steps then
-        bad('optim.warmup', o.warmup, ('longer than the run (train.steps=%d); set optim.warmup <= train.steps'):format(t.steps))
+    if o.warmup >= t.steps and o.schedule ~= 'constant' then
+        bad('optim.warmup', o.warmup, ('as long as the run or longer (train.steps=%d), which leaves no steps to decay '
+            .. 'over; set optim.warmup < train.steps'):format(t.steps))
     end
     if not (o.lr > 0) then bad('optim.lr', o.lr, 'expected a positive number') end
     if not (o.min_lr >= 0) then bad('optim.min_lr', o.min_lr, 'expected a number >= 0') end

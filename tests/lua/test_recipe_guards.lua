@@ -122,7 +122,9 @@ T:test('a preset warm-up longer than half a short run is cut and said; a user on
     assert(cfg.notes[1] and cfg.notes[1]:find("preset's 40 warm-up steps are cut to 10", 1, true), 'the note')
     T.equal(common.recipe('sft', {train = {steps = 20}, optim = {warmup = 15}}).optim.warmup, 15, 'a user warm-up stays')
     refuses(function() common.validate(common.recipe('sft', {train = {steps = 20}, optim = {warmup = 30}})) end,
-        {'optim.warmup=30', 'longer than the run'})
+        {'optim.warmup=30', 'as long as the run or longer'})
+    refuses(function() lunar.optim.AdamW.new(require('lunar.nn.params').new(), {betas = {0.9}}) end,
+        {'betas must be two numbers', 'got 1 number'})
 end)
 
 T:test('settings that would be replaced or misread are refused by name', function()

@@ -100,6 +100,11 @@ function AdamW.new(store, o)
     if type(store) ~= 'table' or type(store.names) ~= 'function' then
         fail('AdamW.new: expected a parameter store (lunar.nn.params), got a ' .. type(store))
     end
+    -- betas given are both given: {0.9} must not quietly mean {0.9, 0.999}
+    if o.betas ~= nil and (type(o.betas) ~= 'table' or #o.betas ~= 2) then
+        fail(('AdamW.new: betas must be two numbers {beta1, beta2}, got %s'):format(type(o.betas) == 'table'
+            and ('%d'):format(#o.betas) .. ' number' .. (#o.betas == 1 and '' or 's') or tostring(o.betas)))
+    end
     local betas = o.betas or {o.beta1 or 0.9, o.beta2 or 0.999}
     local self = setmetatable({
         store = store,

@@ -192,7 +192,9 @@ local function save_output(cfg, model, adapters)
             base = fs.realpath(base) or base
             log(cfg, 'saved the base model to %s', base)
         end
-        lunar.peft.save(model, out, {base_model_name_or_path = base})
+        local _, gaps = lunar.peft.save(model, out, {base_model_name_or_path = base})
+        -- adapters PEFT cannot apply come with the merged model (<out>/merged), which needs the tokenizer too
+        if gaps and #gaps > 0 then copy_companions(cfg, out .. '/merged') end
     else
         model:save_hf(out)
     end
@@ -407,7 +409,8 @@ local function save_checkpoint(r, step, m)
     local dir, info = r.cm:save(step, {
         save_model = function(dir)
             -- the checkpoint keeps the real dropout (PEFT's own files may say 0, see peft.save)
-            if r.adapters then lunar.peft.save(r.model, dir, {lora_dropout = cfg.peft.dropout or 0})
+            -- (what PEFT cannot apply is reported and merged for the final output, not each checkpoint)
+            if r.adapters then lunar.peft.save(r.model, dir, {lora_dropout = cfg.peft.dropout or 0, merged = false})
             else r.model:save_hf(dir, {keep_dtype = true}) end
         end,
         optimizer = r.opt:state_dict(), data = r.loader:state(),
