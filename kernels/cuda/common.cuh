@@ -74,15 +74,23 @@ static inline unsigned lunar_cuda_grid(int64_t n, int block = LUNAR_CUDA_BLOCK) 
 }
 
 // ---- element access: kernels compute in f32 and store in the tensor's type ----------------
+// The conversions are lunar/dtype.h's, the CPU's own, so both backends write the same bits. CUDA's
+// __float2bfloat16_rn and __float2half_rn write every NaN as 0x7fff; lunar, like torch, writes
+// 0x7fc0 (bf16) and 0x7e00 | sign (f16). __host__ as well, so that tests/cuda can run these very
+// functions on the host against the CPU's.
 
-__device__ __forceinline__ float lunar_to_f32(float v) { return v; }
-__device__ __forceinline__ float lunar_to_f32(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float lunar_to_f32(__half v) { return __half2float(v); }
+__host__ __device__ __forceinline__ float lunar_to_f32(float v) { return v; }
+__host__ __device__ __forceinline__ float lunar_to_f32(__nv_bfloat16 v) { return lunar_bf16_to_f32(__bfloat16_as_ushort(v)); }
+__host__ __device__ __forceinline__ float lunar_to_f32(__half v) { return lunar_f16_to_f32(__half_as_ushort(v)); }
 
-template <typename T> __device__ __forceinline__ T lunar_from_f32(float v);
-template <> __device__ __forceinline__ float lunar_from_f32<float>(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 lunar_from_f32<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <> __device__ __forceinline__ __half lunar_from_f32<__half>(float v) { return __float2half_rn(v); }
+template <typename T> __host__ __device__ __forceinline__ T lunar_from_f32(float v);
+template <> __host__ __device__ __forceinline__ float lunar_from_f32<float>(float v) { return v; }
+template <> __host__ __device__ __forceinline__ __nv_bfloat16 lunar_from_f32<__nv_bfloat16>(float v) {
+    return __ushort_as_bfloat16(lunar_f32_to_bf16(v));
+}
+template <> __host__ __device__ __forceinline__ __half lunar_from_f32<__half>(float v) {
+    return __ushort_as_half(lunar_f32_to_f16(v));
+}
 
 // Runs the statement with T bound to the C++ type of float dtype dt (f32, bf16 or f16).
 #define LUNAR_CUDA_DISPATCH_FLOAT(ctx, dt, T, ...)                                              \
