@@ -52,6 +52,44 @@ LUNAR_HD double lunar_hd_sqrt(double a) {
 #endif
 }
 
+/* The same for f32: with the default -fmad=true nvcc fuses a plain a * b + c (and ptxas may fuse
+ * an unrounded mul.f32 / add.f32 pair) into one fma; the _rn intrinsics are never fused. */
+LUNAR_HD float lunar_hd_mulf(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+}
+LUNAR_HD float lunar_hd_addf(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fadd_rn(a, b);
+#else
+    return a + b;
+#endif
+}
+LUNAR_HD float lunar_hd_subf(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fsub_rn(a, b);
+#else
+    return a - b;
+#endif
+}
+LUNAR_HD float lunar_hd_divf(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fdiv_rn(a, b);
+#else
+    return a / b;
+#endif
+}
+LUNAR_HD float lunar_hd_sqrtf(float a) {
+#if defined(__CUDA_ARCH__)
+    return __fsqrt_rn(a);
+#else
+    return sqrtf(a);
+#endif
+}
+
 /* c[0] + c[1] x + ... + c[n-1] x^(n-1) by Horner's rule, one rounding per operation */
 LUNAR_HD double lunar_hd_poly(const double *c, int n, double x) {
     double p = c[n - 1];
