@@ -23,11 +23,12 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "attention_smem.h"   // kernels/: the shared memory each launch needs, checked on the host
 #include "common.cuh"
 
-#define ATT_BLOCK 256
-#define ATT_WARPS (ATT_BLOCK / 32)
-#define ATT_CHUNK 256
+#define ATT_BLOCK LUNAR_ATT_BLOCK
+#define ATT_WARPS LUNAR_ATT_WARPS
+#define ATT_CHUNK LUNAR_ATT_CHUNK
 #define ATT_GRID_MAX (65535LL * 32)
 static_assert(ATT_CHUNK == ATT_BLOCK, "chunk_keys filters one candidate per thread");
 
@@ -376,28 +377,42 @@ __global__ void att_bwd_kv_kernel(TT *dk, TT *dv, const TT *dout, const float *l
 
 // ---- launchers ------------------------------------------------------------------------------
 
+// Checks a launch's shared memory against the device, counting the kernel's static __shared__
+// arrays, which the launch cannot see (a launch beyond the limit would fail with a bare "invalid
+// argument"), and opts the kernel in to more dynamic shared memory than the default 48 KiB when
+// the launch needs it. The device must be current (lunar_cuda_stream_for).
+template <typename K>
+static lunar_status att_smem_prepare(lunar_ctx *ctx, K *kernel, const lunar_att_smem *need, int device) {
+    cudaFuncAttributes fa;
+    LUNAR_CUDA_CHECK(ctx, cudaFuncGetAttributes(&fa, kernel));
+    int limit = 0;
+    LUNAR_CUDA_CHECK(ctx, cudaDeviceGetAttribute(&limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    LUNAR_TRY(lunar_att_smem_check(ctx, need, fa.sharedSizeBytes, (size_t)limit, device));
+    size_t dyn = lunar_att_smem_bytes(need);
+    if (dyn > (size_t)fa.maxDynamicSharedSizeBytes)
+        LUNAR_CUDA_CHECK(ctx, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+    return LUNAR_OK;
+}
+
 typedef struct att_lists {
     lunar_tensor buf;   // li (rows, L) | ln (rows)
     int32_t *li, *ln;
     int64_t L;
 } att_lists;
 
-static lunar_status make_lists(lunar_ctx *ctx, cudaStream_t stream, att_lists *al, const lunar_tensor *keys,
-                               const lunar_tensor *mask, int64_t rows, int64_t T) {
+static lunar_status make_lists(lunar_ctx *ctx, cudaStream_t stream, att_lists *al, const char *op,
+                               const lunar_tensor *keys, const lunar_tensor *mask, int64_t rows, int64_t T) {
     memset(al, 0, sizeof *al);
     if (!keys) return LUNAR_OK;
     int64_t K = keys->shape[2];
     al->L = K < T ? K : T;
+    lunar_att_smem need = lunar_att_smem_lists(op, T);
+    size_t smem = lunar_att_smem_bytes(&need);
+    LUNAR_TRY(att_smem_prepare(ctx, att_lists_kernel, &need, lunar_tensor_device(keys).index));
     int64_t n = rows * al->L + rows;
     LUNAR_TRY(lunar_tensor_new(ctx, &al->buf, LUNAR_DTYPE_I32, lunar_tensor_device(keys), 1, &n));
     al->li = (int32_t *)lunar_tensor_data(&al->buf);
     al->ln = al->li + rows * al->L;
-    size_t smem = (size_t)((T + 31) / 32) * 4;
-    if (smem > 48 * 1024) {
-        lunar_tensor_release(ctx, &al->buf);
-        return LUNAR_FAIL(ctx, LUNAR_ERR_SHAPE, "attention (cuda): T = %lld keys exceed the key-list bitmap (393216)",
-                          (long long)T);
-    }
     att_lists_kernel<<<att_grid(rows), ATT_BLOCK, smem, stream>>>(
         al->li, al->ln, (const int64_t *)lunar_tensor_data(keys), mask ? (const float *)lunar_tensor_data(mask) : NULL,
         rows, T, K, al->L);
@@ -406,13 +421,6 @@ static lunar_status make_lists(lunar_ctx *ctx, cudaStream_t stream, att_lists *a
         lunar_tensor_release(ctx, &al->buf);
         return LUNAR_FAIL(ctx, LUNAR_ERR_CUDA, "attention key lists launch: %s", cudaGetErrorString(e));
     }
-    return LUNAR_OK;
-}
-
-static lunar_status smem_ok(lunar_ctx *ctx, size_t bytes, const char *what) {
-    if (bytes > 48 * 1024)
-        return LUNAR_FAIL(ctx, LUNAR_ERR_SHAPE, "%s (cuda): head dims too large for shared memory (%zu bytes)", what,
-                          bytes);
     return LUNAR_OK;
 }
 
@@ -425,10 +433,15 @@ extern "C" lunar_status lunar_cuda_attention_forward(lunar_ctx *ctx, lunar_tenso
     if (B * S == 0) return LUNAR_OK;
     cudaStream_t stream;
     LUNAR_TRY(lunar_cuda_stream_for(ctx, q, &stream));
-    size_t smem = (size_t)(Dq + Dv + 2 * ATT_CHUNK) * 4 + ATT_CHUNK * 4;
-    LUNAR_TRY(smem_ok(ctx, smem, "attention_forward"));
+    int dev = lunar_tensor_device(q).index;
+    lunar_att_smem need = lunar_att_smem_forward(Dq, Dv);
+    size_t smem = lunar_att_smem_bytes(&need);
+    LUNAR_TRY([&]() -> lunar_status {
+        LUNAR_CUDA_DISPATCH_FLOAT(ctx, q->dtype, TT, return att_smem_prepare(ctx, att_fwd_kernel<TT>, &need, dev));
+        return LUNAR_OK;
+    }());
     att_lists al;
-    LUNAR_TRY(make_lists(ctx, stream, &al, keys, mask, B * S, T));
+    LUNAR_TRY(make_lists(ctx, stream, &al, "attention_forward", keys, mask, B * S, T));
     const float *mp = mask ? (const float *)lunar_tensor_data(mask) : NULL;
     lunar_status st = [&]() -> lunar_status {
         LUNAR_CUDA_DISPATCH_FLOAT(ctx, q->dtype, TT,
@@ -458,12 +471,18 @@ extern "C" lunar_status lunar_cuda_attention_backward(lunar_ctx *ctx, lunar_tens
         LUNAR_TRY(lunar_fill(ctx, dk, 0.0));
         return lunar_fill(ctx, dv, 0.0);
     }
-    size_t smem_q = (size_t)(2 * Dq + Dv + 2 * ATT_CHUNK) * 4 + ATT_CHUNK * 4;
-    size_t smem_kv = (size_t)ATT_WARPS * (Dq + Dv) * 4;
-    LUNAR_TRY(smem_ok(ctx, smem_q, "attention_backward"));
-    LUNAR_TRY(smem_ok(ctx, smem_kv, "attention_backward"));
+    int dev = lunar_tensor_device(q).index;
+    lunar_att_smem need_q = lunar_att_smem_backward_q(Dq, Dv), need_kv = lunar_att_smem_backward_kv(Dq, Dv);
+    size_t smem_q = lunar_att_smem_bytes(&need_q), smem_kv = lunar_att_smem_bytes(&need_kv);
+    LUNAR_TRY([&]() -> lunar_status {
+        LUNAR_CUDA_DISPATCH_FLOAT(ctx, q->dtype, TT, {
+            LUNAR_TRY(att_smem_prepare(ctx, att_bwd_q_kernel<TT>, &need_q, dev));
+            return att_smem_prepare(ctx, att_bwd_kv_kernel<TT>, &need_kv, dev);
+        });
+        return LUNAR_OK;
+    }());
     att_lists al;
-    LUNAR_TRY(make_lists(ctx, stream, &al, keys, mask, B * S, T));
+    LUNAR_TRY(make_lists(ctx, stream, &al, "attention_backward", keys, mask, B * S, T));
     // scratch: D (B*S*NH f32) | uniform flags (B*S i32)
     lunar_tensor scr = {0};
     int64_t n = B * S * NH + B * S;
@@ -559,8 +578,13 @@ extern "C" lunar_status lunar_cuda_index_scores(lunar_ctx *ctx, lunar_tensor *sc
     if (B * S == 0) return LUNAR_OK;
     cudaStream_t stream;
     LUNAR_TRY(lunar_cuda_stream_for(ctx, qi, &stream));
-    size_t smem = (size_t)(Hi * Di + Hi) * 4;
-    LUNAR_TRY(smem_ok(ctx, smem, "index_scores"));
+    lunar_att_smem need = lunar_att_smem_index_scores(Hi, Di);
+    size_t smem = lunar_att_smem_bytes(&need);
+    LUNAR_TRY([&]() -> lunar_status {
+        LUNAR_CUDA_DISPATCH_FLOAT(ctx, qi->dtype, TT,
+            return att_smem_prepare(ctx, index_scores_kernel<TT>, &need, lunar_tensor_device(qi).index));
+        return LUNAR_OK;
+    }());
     lunar_tensor tmp = {0};
     lunar_tensor *sc = scores;
     if (!sc) {

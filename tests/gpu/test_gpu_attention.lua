@@ -7,7 +7,9 @@
 -- atol 1e-4 (different summation orders); bf16/f16 inputs rtol/atol 3e-2 against the CPU on the
 -- same rounded inputs. The backward is run twice on the GPU and must agree bit for bit. The
 -- index score is within rtol/atol 1e-4 of the CPU; the GPU top-k equals the top-k of the GPU's
--- own scores (ids in increasing order).
+-- own scores (ids in increasing order). Shared memory: head dims whose buffers pass the default
+-- 48 KiB run (the kernels opt in to more) and match the CPU; past the device's limit the error is
+-- lunar's, naming the size, the bytes and the largest size the device takes.
 local lunar = require 'lunar'
 require('lunar.testing').require_cuda()
 local T = require('lunar.testing').suite('gpu.attention')
@@ -87,6 +89,35 @@ T:test('forward and backward match the CPU (f32, bf16, f16; masks, key lists, GQ
                     T.equal(dv2:cpu(), dvg:cpu(), msg .. ' dv deterministic')
                 end
             end
+        end
+    end
+end)
+
+T:test('shared memory: head dims past 48 KiB run (opt-in), past the device limit lunar says so', function()
+    -- forward Dq + Dv = 12000: 51072 dynamic bytes (+ the kernel's own), over the default 48 KiB;
+    -- backward Dq + Dv = 6000: the per-key kernel asks for 192000 bytes (a row per warp)
+    for _, c in ipairs({{D = 6000, backward = false}, {D = 3000, backward = true}}) do
+        local q, k, v = lunar.randn(1, 2, 1, c.D), lunar.randn(1, 3, 1, c.D), lunar.randn(1, 3, 1, c.D)
+        local opts = {scale = 0.01}
+        local oc, lc = ops.attention(q, k, v, opts)
+        local qg, kg, vg = q:to('cuda'), k:to('cuda'), v:to('cuda')
+        local og, lg = ops.attention(qg, kg, vg, opts)
+        local msg = ('Dq = Dv = %d'):format(c.D)
+        T.close(og:cpu(), oc, {rtol = 1e-4, atol = 1e-4, msg = msg .. ' o'})
+        T.close(lg:cpu(), lc, {rtol = 1e-4, atol = 1e-4, msg = msg .. ' lse'})
+        local dout = lunar.randn(1, 2, 1, c.D)
+        if c.backward then
+            local dqc, dkc, dvc = ops.attention_backward(dout, oc, lc, q, k, v, opts)
+            local dqg, dkg, dvg = ops.attention_backward(dout:to('cuda'), og, lg, qg, kg, vg, opts)
+            T.close(dqg:cpu(), dqc, {rtol = 1e-3, atol = 1e-4, msg = msg .. ' dq'})
+            T.close(dkg:cpu(), dkc, {rtol = 1e-3, atol = 1e-4, msg = msg .. ' dk'})
+            T.close(dvg:cpu(), dvc, {rtol = 1e-3, atol = 1e-4, msg = msg .. ' dv'})
+        else
+            -- 8 warps x 12000 floats = 384000 bytes: more than any device allows (227 KiB on sm_90)
+            local err = T.raises(function() ops.attention_backward(dout:to('cuda'), og, lg, qg, kg, vg, opts) end,
+                'attention_backward (cuda:0): Dq + Dv = 12000 needs ')
+            assert(err:find('bytes of shared memory per block %(%d+ for the sizes %+ %d+ of the kernel\'s own%), '
+                .. 'more than the %d+ the device allows: at most Dq %+ Dv = %d+'), err)
         end
     end
 end)
