@@ -27,6 +27,8 @@ lunar_status lunar_ctx_init(lunar_ctx **out) {
         int n = atoi(fake);
         ctx->fake_cpu_devices = n < 0 ? 0 : n >= LUNAR_MAX_CPU_DEVICES ? LUNAR_MAX_CPU_DEVICES - 1 : n;
     }
+    const char *each = getenv("LUNAR_CHECK_EACH_OP");
+    ctx->check_each_op = each && *each && strcmp(each, "0") != 0;
     *out = ctx;
     return LUNAR_OK;
 }
@@ -142,6 +144,24 @@ void lunar_ctx_count_transfer(lunar_ctx *ctx, int to_host, size_t nbytes) {
         ctx->transfers.from_host_bytes += nbytes;
     }
 }
+
+void lunar_ctx_defer_range_error(lunar_ctx *ctx, lunar_device dev, const lunar_range_error *e) {
+    if (dev.type != LUNAR_DEVICE_CPU || dev.index < 0 || dev.index >= LUNAR_MAX_CPU_DEVICES) return;
+    if (ctx->range_pending[dev.index]) return;   /* the first bad op is the one to report */
+    ctx->range_errors[dev.index] = *e;
+    ctx->range_pending[dev.index] = 1;
+}
+
+int lunar_ctx_take_range_error(lunar_ctx *ctx, lunar_device dev, lunar_range_error *e) {
+    if (dev.type != LUNAR_DEVICE_CPU || dev.index < 0 || dev.index >= LUNAR_MAX_CPU_DEVICES) return 0;
+    if (!ctx->range_pending[dev.index]) return 0;
+    *e = ctx->range_errors[dev.index];
+    ctx->range_pending[dev.index] = 0;
+    return 1;
+}
+
+int lunar_ctx_check_each_op(const lunar_ctx *ctx) { return ctx->check_each_op; }
+void lunar_ctx_set_check_each_op(lunar_ctx *ctx, int on) { ctx->check_each_op = on != 0; }
 
 int lunar_device_equal(lunar_device a, lunar_device b) { return a.type == b.type && a.index == b.index; }
 

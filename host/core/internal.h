@@ -22,6 +22,9 @@ struct lunar_ctx {
     void         *backend_state[LUNAR_DEVICE_TYPE_COUNT];
     int           fake_cpu_devices;   /* LUNAR_FAKE_CPU_DEVICES: debug devices cpu:1.. (ctx.h) */
     lunar_transfer_stats transfers;
+    int           check_each_op;      /* ctx.h: a check point after every index op on a device */
+    int           range_pending[LUNAR_MAX_CPU_DEVICES];       /* debug devices' pending range errors */
+    lunar_range_error range_errors[LUNAR_MAX_CPU_DEVICES];
     lunar_pool   *cpu_pools[LUNAR_MAX_CPU_DEVICES];
     lunar_pool   *cuda_pools[LUNAR_MAX_CUDA_DEVICES];
     lunar_scope_frame *scopes;

@@ -595,6 +595,22 @@ static int l_synchronize(lua_State *L) {
     return 0;
 }
 
+/* core.sync_check(device): the device's check point (ops.h): raises the first bad index value
+ * that an op on it met since the last check */
+static int l_sync_check(lua_State *L) {
+    lunar_lua_check_status(L, lunar_sync_check(lunar_lua_ctx(L), lunar_lua_opt_device(L, 1, CPU)));
+    return 0;
+}
+
+/* core.check_each_op([on]) -> whether every index op on a device is followed by its check point
+ * (ctx.h); sets it when on is given */
+static int l_check_each_op(lua_State *L) {
+    lunar_ctx *ctx = lunar_lua_ctx(L);
+    if (!lua_isnoneornil(L, 1)) lunar_ctx_set_check_each_op(ctx, lua_toboolean(L, 1));
+    lua_pushboolean(L, lunar_ctx_check_each_op(ctx));
+    return 1;
+}
+
 /* core.user_where() -> "file:line: " of the calling user code */
 static int l_user_where(lua_State *L) {
     char buf[512];
@@ -621,7 +637,8 @@ static const luaL_Reg core_funcs[] = {
     {"scope_depth", l_scope_depth}, {"persist", l_persist}, {"threads", l_threads}, {"device_count", l_device_count},
     {"cuda_built", l_cuda_built}, {"pool_stats", l_pool_stats}, {"transfer_stats", l_transfer_stats},
     {"device_name", l_device_name}, {"pool_trim", l_pool_trim},
-    {"synchronize", l_synchronize}, {"user_where", l_user_where},
+    {"synchronize", l_synchronize}, {"sync_check", l_sync_check}, {"check_each_op", l_check_each_op},
+    {"user_where", l_user_where},
     {NULL, NULL},
 };
 

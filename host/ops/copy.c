@@ -107,5 +107,6 @@ lunar_status lunar_arange(lunar_ctx *ctx, lunar_tensor *t, double start, double 
 lunar_status lunar_synchronize(lunar_ctx *ctx, lunar_device dev) {
     const lunar_backend *be = lunar_ctx_backend(ctx, dev.type);
     if (!be) return LUNAR_FAIL(ctx, LUNAR_ERR_DEVICE, "synchronize: backend not built");
-    return be->synchronize(ctx, dev.index);
+    LUNAR_TRY(be->synchronize(ctx, dev.index));
+    return lunar_sync_check(ctx, dev);   /* an explicit synchronisation is a check point (check.c) */
 }

@@ -1,11 +1,14 @@
 /* index.c: embedding, index_select / index_add, gather / scatter / scatter_add.
  *
  * Index values are 0-based. An out-of-range value is an error naming the op, the value and the
- * valid range. Where it is checked:
- *   - CPU: here, on the host, before the kernel runs (the prepared index is i64 in host memory);
- *   - CUDA: in the kernel, which skips bad entries and records the first bad position in a
- *     device flag that the launcher reads back (one small synchronous copy per call), so the
- *     op still fails with the same message and nothing is written out of bounds.
+ * valid range. Where it is checked and raised (ops.h, "check points"):
+ *   - the host (cpu): here, before the kernel runs (the prepared index is i64 in host memory),
+ *     and the op fails at once;
+ *   - CUDA: in the kernel, which skips bad entries and records the first one in the device's
+ *     range record; nothing is read back per op, and the next check point raises it;
+ *   - the debug devices cpu:N model CUDA: the values are checked here, the first bad one is kept
+ *     as the device's pending error (ctx.h) and the op skips its kernel (a gather writes 0s).
+ * With check-each-op (ctx.h) every index op on a device ends with its check point.
  *
  * Dtypes: the tensor that is read from (weight, src) sets the compute dtype of gathers; the
  * tensor that accumulates (dweight, dst) sets it for scatters, so f32 gradients are not rounded
@@ -18,21 +21,40 @@
 
 #include "prep.h"
 
-/* CPU only: every value of the prepared i64 index must be in [0, n), n = data->shape[dim] */
-static lunar_status check_range(lunar_prep *p, const lunar_tensor *idx, const lunar_tensor *data, const char *role,
-                                int dim) {
-    if (p->st || p->dev.type != LUNAR_DEVICE_CPU) return p->st;
+/* The first value of the prepared i64 index outside [0, n) as *e; 0 when there is none. */
+static int first_bad(lunar_prep *p, const lunar_tensor *idx, const lunar_tensor *data, const char *role, int dim,
+                     lunar_range_error *e) {
     int64_t n = data->shape[dim];
     const int64_t *v = lunar_tensor_data(idx);
     int64_t k = lunar_tensor_numel(idx);
     for (int64_t i = 0; i < k; i++) {
-        if (v[i] < 0 || v[i] >= n)
-            return p->st = LUNAR_FAIL(p->ctx, LUNAR_ERR_ARG,
-                                      "%s: index %lld (at flat position %lld of the index) out of range: %s '%s' has %lld entries along dim %d (0-based), valid 0..%lld",
-                                      p->op, (long long)v[i], (long long)i, role, lunar_tensor_label(data), (long long)n,
-                                      dim, (long long)n - 1);
+        if (v[i] >= 0 && v[i] < n) continue;
+        *e = (lunar_range_error){.op = p->op, .role = role, .dim = dim, .pos = i, .value = v[i], .n = n};
+        snprintf(e->label, sizeof e->label, "%s", lunar_tensor_label(data));
+        return 1;
     }
-    return LUNAR_OK;
+    return 0;
+}
+
+/* The values of the prepared i64 index against n = data->shape[dim]: 1 when the kernel may run
+ * (all in range, or a CUDA index, which the kernel checks); 0 when one is not: the host fails
+ * (p->st), a debug device keeps the error for its next check point. */
+static int range_ok(lunar_prep *p, const lunar_tensor *idx, const lunar_tensor *data, const char *role, int dim) {
+    if (p->st) return 0;
+    if (p->dev.type != LUNAR_DEVICE_CPU) return 1;
+    lunar_range_error e;
+    if (!first_bad(p, idx, data, role, dim, &e)) return 1;
+    if (lunar_device_is_host(p->dev)) p->st = lunar_range_error_fail(p->ctx, &e, p->dev, 0);
+    else lunar_ctx_defer_range_error(p->ctx, p->dev, &e);
+    return 0;
+}
+
+/* After the op: releases what prep holds, and with check-each-op (ctx.h) checks the device. */
+static lunar_status index_end(lunar_prep *p, lunar_status st) {
+    st = prep_end(p, st);
+    if (st == LUNAR_OK && lunar_ctx_check_each_op(p->ctx) && !lunar_device_is_host(p->dev))
+        st = lunar_sync_check(p->ctx, p->dev);
+    return st;
 }
 
 static lunar_status shape_fail(lunar_prep *p, const char *why, const lunar_tensor *a, const char *ra,
@@ -79,11 +101,11 @@ lunar_status lunar_embedding_forward(lunar_ctx *ctx, lunar_tensor *out, const lu
     lunar_dtype dt = prep_compute_dtype(&p, weight->dtype);
     lunar_tensor iw, ww, ow;
     prep_in(&p, &iw, ids, "ids", LUNAR_DTYPE_I64);
-    check_range(&p, &iw, weight, "weight", 0);
+    int ok = range_ok(&p, &iw, weight, "weight", 0);
     prep_in(&p, &ww, weight, "weight", dt);
     prep_out(&p, &ow, out, "out", dt, 0);
     if (p.st) return prep_end(&p, p.st);
-    return prep_end(&p, p.be->embedding_forward(ctx, &ow, &iw, &ww));
+    return index_end(&p, ok ? p.be->embedding_forward(ctx, &ow, &iw, &ww) : p.be->fill(ctx, &ow, 0.0));
 }
 
 lunar_status lunar_embedding_backward(lunar_ctx *ctx, lunar_tensor *dweight, const lunar_tensor *dout,
@@ -101,11 +123,11 @@ lunar_status lunar_embedding_backward(lunar_ctx *ctx, lunar_tensor *dweight, con
     lunar_dtype dt = prep_compute_dtype(&p, dweight->dtype);
     lunar_tensor iw, dw, dow;
     prep_in(&p, &iw, ids, "ids", LUNAR_DTYPE_I64);
-    check_range(&p, &iw, dweight, "dweight", 0);
+    int ok = range_ok(&p, &iw, dweight, "dweight", 0);
     prep_in(&p, &dow, dout, "dout", dt);
     prep_out(&p, &dw, dweight, "dweight", dt, 1);
     if (p.st) return prep_end(&p, p.st);
-    return prep_end(&p, p.be->embedding_backward(ctx, &dw, &dow, &iw));
+    return index_end(&p, ok ? p.be->embedding_backward(ctx, &dw, &dow, &iw) : LUNAR_OK);
 }
 
 /* ---- index_select / index_add --------------------------------------------------------------- */
@@ -140,11 +162,11 @@ lunar_status lunar_index_select(lunar_ctx *ctx, lunar_tensor *out, const lunar_t
     lunar_dtype dt = prep_compute_dtype(&p, src->dtype);
     lunar_tensor iw, sw, ow;
     prep_in(&p, &iw, index, "index", LUNAR_DTYPE_I64);
-    check_range(&p, &iw, src, "src", dim);
+    int ok = range_ok(&p, &iw, src, "src", dim);
     prep_in(&p, &sw, src, "src", dt);
     prep_out(&p, &ow, out, "out", dt, 0);
     if (p.st) return prep_end(&p, p.st);
-    return prep_end(&p, p.be->index_select(ctx, &ow, &sw, &iw, outer, n, inner));
+    return index_end(&p, ok ? p.be->index_select(ctx, &ow, &sw, &iw, outer, n, inner) : p.be->fill(ctx, &ow, 0.0));
 }
 
 lunar_status lunar_index_add(lunar_ctx *ctx, lunar_tensor *dst, int dim, const lunar_tensor *index,
@@ -164,11 +186,11 @@ lunar_status lunar_index_add(lunar_ctx *ctx, lunar_tensor *dst, int dim, const l
     lunar_dtype dt = prep_compute_dtype(&p, dst->dtype);
     lunar_tensor iw, sw, dw;
     prep_in(&p, &iw, index, "index", LUNAR_DTYPE_I64);
-    check_range(&p, &iw, dst, "dst", dim);
+    int ok = range_ok(&p, &iw, dst, "dst", dim);
     prep_in(&p, &sw, src, "src", dt);
     prep_out(&p, &dw, dst, "dst", dt, 1);
     if (p.st) return prep_end(&p, p.st);
-    return prep_end(&p, p.be->index_add(ctx, &dw, &iw, &sw, alpha, outer, n, inner));
+    return index_end(&p, ok ? p.be->index_add(ctx, &dw, &iw, &sw, alpha, outer, n, inner) : LUNAR_OK);
 }
 
 /* ---- gather / scatter --------------------------------------------------------------------- */
@@ -225,11 +247,13 @@ lunar_status lunar_gather(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor 
     lunar_tensor sv, iw, sw, ow;
     narrow_to(&p, &sv, src, index, dim);
     prep_in(&p, &iw, index, "index", LUNAR_DTYPE_I64);
-    check_range(&p, &iw, src, "src", dim);
+    int ok = range_ok(&p, &iw, src, "src", dim);
     prep_in(&p, &sw, &sv, "src", dt);
     prep_out(&p, &ow, out, "out", dt, 0);
-    lunar_status st = p.st ? p.st : p.be->gather(ctx, &ow, &sw, &iw, outer, n_data, n_idx, inner);
-    st = prep_end(&p, st);
+    lunar_status st = p.st ? p.st
+                      : ok ? p.be->gather(ctx, &ow, &sw, &iw, outer, n_data, n_idx, inner)
+                           : p.be->fill(ctx, &ow, 0.0);
+    st = index_end(&p, st);
     lunar_tensor_release(ctx, &sv);
     return st;
 }
@@ -256,11 +280,13 @@ static lunar_status scatter_impl(lunar_ctx *ctx, const char *op, lunar_tensor *d
     narrow_to(&p, &dv, dst, index, dim);
     narrow_to(&p, &sv, src, index, -1);
     prep_in(&p, &iw, index, "index", LUNAR_DTYPE_I64);
-    check_range(&p, &iw, dst, "dst", dim);
+    int ok = range_ok(&p, &iw, dst, "dst", dim);
     prep_in(&p, &sw, &sv, "src", dt);
     prep_out(&p, &dw, &dv, "dst", dt, 1);
-    lunar_status st = p.st ? p.st : p.be->scatter(ctx, &dw, &iw, &sw, outer, n_data, n_idx, inner, accumulate);
-    st = prep_end(&p, st);
+    lunar_status st = p.st ? p.st
+                      : ok ? p.be->scatter(ctx, &dw, &iw, &sw, outer, n_data, n_idx, inner, accumulate)
+                           : LUNAR_OK;
+    st = index_end(&p, st);
     lunar_tensor_release(ctx, &dv);
     lunar_tensor_release(ctx, &sv);
     return st;

@@ -40,17 +40,20 @@
     } while (0)
 
 // Per-device state kept in the context (lunar_ctx_backend_state). Created on first use.
+typedef struct lunar_cuda_range lunar_cuda_range;
 typedef struct lunar_cuda_device {
-    int              ready;
-    cudaStream_t     stream;
-    cublasHandle_t   cublas;
-    cublasLtHandle_t cublaslt;
-    void            *workspace;        // cuBLASLt workspace
-    size_t           workspace_bytes;
+    int               ready;
+    cudaStream_t      stream;
+    cublasHandle_t    cublas;
+    cublasLtHandle_t  cublaslt;
+    void             *workspace;       // cuBLASLt workspace
+    size_t            workspace_bytes;
+    lunar_cuda_range *range;           // index range errors (range_error.cuh)
 } lunar_cuda_device;
 
 typedef struct lunar_cuda_state {
     int               count;           // -1 until queried
+    char              count_error[256];   // why cudaGetDeviceCount failed ("" when it did not)
     lunar_cuda_device dev[LUNAR_MAX_CUDA_DEVICES];
 } lunar_cuda_state;
 

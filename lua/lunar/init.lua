@@ -83,7 +83,15 @@ function lunar.clock() return core.clock() end
 function lunar.threads(n) return core.threads(n) end
 function lunar.device_count(kind) return core.device_count(kind or 'cuda') end
 function lunar.cuda_built() return core.cuda_built() end
+-- waits for the device's queued work, then checks it as lunar.sync_check does
 function lunar.synchronize(device) core.synchronize(device) end
+-- A check point: an index op on a device (cuda, the debug devices cpu:N) does not stop to read
+-- back whether its index values were in range; the device keeps the first bad one and this
+-- raises it (op, tensor, value, valid range), at the cost of one read. A model forward that
+-- reads its loss and the optimizer step call it; lunar.check_each_op(true) (or
+-- LUNAR_CHECK_EACH_OP=1) makes every index op on a device check at once, to find the op.
+function lunar.sync_check(device) core.sync_check(device) end
+function lunar.check_each_op(on) return core.check_each_op(on) end
 function lunar.memory_stats(device) return core.pool_stats(device) end
 -- {to_host=, from_host=, to_host_bytes=, from_host_bytes=}: transfers between the host and any
 -- device so far (cross-device copies, get/set/item/tolist of device tensors). On a GPU each is a

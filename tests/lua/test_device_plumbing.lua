@@ -9,8 +9,13 @@
 --     errors naming both devices, transfer counts;
 --   * the six transformers fixtures (test_model_hf's cases), the indexer KL loss (sparse and
 --     dense), routing replay, bf16 and MTP: logits, loss, routing, top-k and every gradient on
---     cpu:1 equal the cpu run bit for bit, and the host reads of a forward stay within the
---     documented budget (loss value, routing counts once per MoE layer, cu_seqlens);
+--     cpu:1 equal the cpu run bit for bit, and the host reads of a forward and backward stay
+--     within the documented budget (loss value, routing counts once per MoE layer, cu_seqlens,
+--     the forward's check point; none in the backward); with a check point after every index op
+--     (the read-back per op that CUDA's index ops once made) the budget fails;
+--   * index range errors on cpu:1 wait for a check point (lunar.sync_check, the forward's loss,
+--     the optimizer step), which reads once and raises the op, the value and the range; on cpu
+--     they fail at the op;
 --   * LoRA adapters (dropout on), merge and PEFT save/load on cpu:1; AdamW state on the device;
 --   * the SFT recipe (tiny preset, 2 steps of 2 packed rows): losses and weights equal the cpu
 --     run bit for bit; a LoRA run (dropout on) resumed on cpu:1 from its checkpoint continues bit
@@ -189,8 +194,9 @@ local function run_model(case, dev, opts)
     local n_to, n_from, out = reads(function()
         return model:forward(batch, {loss = true, mtp = mtp, num_items_in_batch = opts.num_items})
     end)
-    local ixloss = model:backward({mtp_scale = mtp and 0.3 or 0})
-    return {model = model, out = out, ixloss = ixloss, to_host = n_to, from_host = n_from, ref = ref, mtp = mtp}
+    local b_to, b_from, ixloss = reads(function() return model:backward({mtp_scale = mtp and 0.3 or 0}) end)
+    return {model = model, out = out, ixloss = ixloss, to_host = n_to, from_host = n_from, bwd_to_host = b_to,
+            bwd_from_host = b_from, ref = ref, mtp = mtp}
 end
 
 local function compare_runs(a, b, what)
@@ -221,16 +227,28 @@ end
 
 -- The host reads a forward may make: the loss value (plus the count of valid targets when the
 -- caller gives no num_items_in_batch), for the MTP loss the same, the expert counts once per MoE
--- layer (they size the per-expert gemms), the indexer KL loss's two scalars per full layer, and
+-- layer (they size the per-expert gemms), the indexer KL loss's two scalars per full layer,
 -- cu_seqlens (once when it was given on the device, and once per row when the block mask checks
--- its device copy). Anything more is a new host round trip in the step.
+-- its device copy) and the forward's check point (one read of the device's index range record).
+-- The backward reads nothing. Anything more is a new host round trip in the step.
 local function read_budget(r, opts)
     opts = opts or {}
-    local n = (opts.num_items and 1 or 2) + sparse_layers(r.model, r.mtp)
+    local n = (opts.num_items and 1 or 2) + sparse_layers(r.model, r.mtp) + 1
     if r.mtp then n = n + 2 end
     if opts.indexer_layers then n = n + 2 * opts.indexer_layers end
     if r.ref.cu_seqlens then n = n + (opts.batch_dev and 1 or 0) + 1 end
     return n
+end
+
+-- nil when the forward's and the backward's reads are within the budget, else what is over
+local function over_read_budget(r, what, opts)
+    local budget = read_budget(r, opts)
+    if r.to_host > budget then
+        return ('%s: the forward read the device %d times, the budget is %d'):format(what, r.to_host, budget)
+    end
+    if r.bwd_to_host > 0 then return ('%s: the backward read the device %d times, the budget is 0'):format(what,
+        r.bwd_to_host) end
+    return nil
 end
 
 -- The copies to the device a forward may make: each batch tensor given on the host (a data
@@ -258,11 +276,11 @@ for _, case in ipairs(CASES) do
             local a2 = bdev and run_model(case, 'cpu', o) or a
             local b = run_model(case, DEV, o)
             local n = compare_runs(a2, b, case)
-            local budget = read_budget(b, o)
-            assert(b.to_host <= budget, ('%s: the forward read the device %d times, the budget is %d'):format(case,
-                b.to_host, budget))
+            local over = over_read_budget(b, case, o)
+            assert(not over, over)
             assert(b.from_host <= write_budget(b, o), ('%s: the forward wrote to the device %d times, the budget is %d')
                 :format(case, b.from_host, write_budget(b, o)))
+            assert(b.bwd_from_host == 0, ('%s: the backward wrote to the device %d times'):format(case, b.bwd_from_host))
             assert(n > 20, case .. ': gradients compared ' .. n)
         end
     end)
@@ -274,7 +292,8 @@ T:test('indexer KL loss (sparse and dense), routing replay and bf16 on cpu:1', f
         local a, b = run_model('glm5_dsa', 'cpu', o), run_model('glm5_dsa', DEV, o)
         assert(a.ixloss > 0)
         compare_runs(a, b, 'indexer loss ' .. variant)
-        assert(b.to_host <= read_budget(b, {indexer_layers = 2}), 'indexer loss reads: ' .. b.to_host)
+        local over = over_read_budget(b, 'indexer loss ' .. variant, {indexer_layers = 2})
+        assert(not over, over)
     end
     -- replay: the recorded choices given on the host drive the cpu:1 model
     local a = run_model('glm5_dsa', 'cpu')
@@ -287,6 +306,93 @@ T:test('indexer KL loss (sparse and dense), routing replay and bf16 on cpu:1', f
     local c, d = run_model('glm5_gelu_tied', 'cpu', {dtype = 'bf16'}), run_model('glm5_gelu_tied', DEV, {dtype = 'bf16'})
     assert(d.model:parameters()['model.embed_tokens.weight']:dtype() == 'bf16')
     compare_runs(c, d, 'bf16')
+end)
+
+T:test('a check point after every index op (the read-back per op CUDA once made) breaks the read budget', function()
+    -- the same forward and backward with every index op followed by its check point, as each
+    -- CUDA index op used to read its range flag back: the budget test must see it
+    local a = run_model('glm5_dsa', DEV)
+    assert(not over_read_budget(a, 'glm5_dsa'))
+    assert(lunar.check_each_op() == false)
+    lunar.check_each_op(true)
+    local ok, b = pcall(run_model, 'glm5_dsa', DEV)
+    lunar.check_each_op(false)
+    assert(ok, b)
+    assert(b.out.loss == a.out.loss, 'the checks change no value')
+    local over = over_read_budget(b, 'glm5_dsa')
+    assert(over and over:find('the forward read the device', 1, true), over)
+    assert(b.bwd_to_host > 0, 'the backward\'s index ops check too: ' .. b.bwd_to_host)
+end)
+
+T:test('index range errors: at the op on cpu; on cpu:1 at the next check point, one read', function()
+    local src = lunar.randn(5, 3, {rng = lunar.rng(2)}):set_name('table')
+    local bad = lunar.tensor({1, 7, 0}, {dtype = 'i64'})
+    local want = "index_select: index 7 (at flat position 1 of the index) out of range: src 'table' has 5 entries " ..
+        "along dim 0 (0-based), valid 0..4"
+    -- the host: at the op, no deferral note
+    local err = T.raises(function() ops.index_select(src, 1, bad) end, want)
+    assert(not err:find('check point', 1, true), err)
+    lunar.sync_check('cpu')
+    -- cpu:1: the op returns (the bad row reads as 0s), nothing is read until the check point
+    local d, di = src:to(DEV), bad:to(DEV)
+    local n_to, _, out = reads(function() return ops.index_select(d, 1, di) end)
+    assert(n_to == 0, 'the op read the device ' .. n_to .. ' times')
+    same(out:to('cpu'):select(1, 2), lunar.zeros(3), 'the skipped row')
+    -- the first bad op is the one reported; later ones on the same device are not
+    ops.scatter_add_(lunar.zeros(2, {device = DEV}), 1, lunar.tensor({3}, {dtype = 'i64', device = DEV}),
+        lunar.ones(1, {device = DEV}))
+    n_to = reads(function()
+        err = T.raises(function() lunar.sync_check(DEV) end, want .. ' (found on cpu:1, which reports bad indices')
+    end)
+    assert(n_to == 1, 'the check point read the device ' .. n_to .. ' times')
+    assert(err:find('LUNAR_CHECK_EACH_OP=1', 1, true), err)
+    lunar.sync_check(DEV)   -- the check cleared it
+    -- every op of the family defers (embedding, index_add, gather, scatter, embedding_backward)
+    local ids = lunar.tensor({0, 9}, {dtype = 'i64', device = DEV})
+    for _, case in ipairs({
+        {'embedding_forward', function() ops.embedding(ids, d) end},
+        {'embedding_backward', function() ops.embedding_backward(lunar.zeros(5, 3, {device = DEV}),
+            lunar.ones(2, 3, {device = DEV}), ids) end},
+        {'index_add', function() lunar.zeros(5, 3, {device = DEV}):index_add_(1, ids, lunar.ones(2, 3, {device = DEV})) end},
+        {'gather', function() ops.gather(d, 1, lunar.tensor({{0, 9, 0}}, {dtype = 'i64', device = DEV})) end},
+        {'scatter', function() lunar.zeros(5, 3, {device = DEV}):scatter_(1,
+            lunar.tensor({{0, 9, 0}}, {dtype = 'i64', device = DEV}), lunar.ones(1, 3, {device = DEV})) end},
+    }) do
+        case[2]()
+        T.raises(function() lunar.sync_check(DEV) end, case[1] .. ': index 9')
+    end
+    -- lunar.synchronize is a check point too
+    ops.index_select(d, 1, di)
+    T.raises(function() lunar.synchronize(DEV) end, want)
+    -- check each op: the op itself fails, with one read
+    lunar.check_each_op(true)
+    local ok, e2 = pcall(ops.index_select, d, 1, di)
+    lunar.check_each_op(false)
+    assert(not ok and tostring(e2):find(want, 1, true), tostring(e2))
+    lunar.sync_check(DEV)
+end)
+
+T:test('a bad token id on cpu:1 fails the forward that met it; the optimizer step checks before updating', function()
+    local dir = ROOT .. 'glm5_dsa'
+    local ref = io_.load_checkpoint(dir .. '/reference.safetensors')
+    local model = lunar.model.load(dir, {device = DEV})
+    local V = model.cfg.vocab_size
+    local ids = ref.input_ids:clone()
+    ids:set(1, 2, V + 3)
+    local batch = batch_of(ref)
+    batch.input_ids = ids
+    T.raises(function() model:forward(batch, {loss = true}) end,
+        ('embedding_forward: index %d (at flat position 1 of the index) out of range'):format(V + 3))
+    -- a forward without a loss reads nothing; the optimizer step's check point raises it, before
+    -- any parameter changes
+    local opt = lunar.optim.AdamW.new(model.params, {lr = 1e-2})
+    model:forward(batch_of(ref), {loss = true})
+    model:backward()
+    local w = model.params:get('model.embed_tokens.weight'):to('cpu')
+    model:forward(batch, {keep = false})
+    T.raises(function() opt:step() end, 'embedding_forward: index ' .. (V + 3))
+    same(model.params:get('model.embed_tokens.weight'):to('cpu'), w, 'no update')
+    opt:step()   -- the error was raised once; the next step goes on
 end)
 
 T:test('new(config, {device = cpu:1}) and save_hf from cpu:1 equal the cpu model\'s, byte for byte', function()

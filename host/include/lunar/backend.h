@@ -37,6 +37,11 @@ struct lunar_backend {
     lunar_status (*copy_to_host)(lunar_ctx *ctx, int device, void *dst, const void *src, size_t n);
     lunar_status (*copy_from_host)(lunar_ctx *ctx, int device, void *dst, const void *src, size_t n);
     lunar_status (*synchronize)(lunar_ctx *ctx, int device);
+    /* The device's index range record (ops.h, check points): waits for the queued work, reads the
+     * record (one 32-byte read, which the caller counts), clears it and gives the first bad index
+     * that a kernel met since the last call (*found = 1) or none (*found = 0). NULL for the CPU,
+     * whose ops check index values on the host. */
+    lunar_status (*take_range_error)(lunar_ctx *ctx, int device, lunar_range_error *e, int *found);
     /* frees backend state kept in the context (streams, handles); called by lunar_ctx_free */
     void         (*shutdown)(lunar_ctx *ctx);
 
@@ -130,7 +135,8 @@ struct lunar_backend {
     /* gather/scatter family: the host reshapes to (outer, n, inner) around dim where it can. The
      * tensor read from (weight, src) sets the float dtype of gathers, the accumulating one (dweight,
      * dst) that of scatters. Index values are range-checked by the host for CPU tensors; CUDA
-     * kernels check on the device and the launcher reports the first bad one. */
+     * kernels check on the device, skip a bad value and record the first one in the device's
+     * range record (take_range_error), never reading it back themselves. */
     lunar_status (*embedding_forward)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *ids,
                                       const lunar_tensor *weight);
     lunar_status (*embedding_backward)(lunar_ctx *ctx, lunar_tensor *dweight, const lunar_tensor *dout,

@@ -98,6 +98,20 @@ typedef struct lunar_transfer_stats {
 lunar_transfer_stats lunar_ctx_transfer_stats(const lunar_ctx *ctx);
 void lunar_ctx_count_transfer(lunar_ctx *ctx, int to_host, size_t nbytes);
 
+/* Pending index range errors of the debug devices cpu:N (ops.h, lunar_sync_check, models what
+ * CUDA keeps in device memory). Defer keeps e as dev's pending error unless it has one already
+ * (the first one wins); take returns 1 and fills *e when there was one, clearing it. */
+typedef struct lunar_range_error lunar_range_error;
+void lunar_ctx_defer_range_error(lunar_ctx *ctx, lunar_device dev, const lunar_range_error *e);
+int  lunar_ctx_take_range_error(lunar_ctx *ctx, lunar_device dev, lunar_range_error *e);
+
+/* Check each op (a debugging aid, off by default; LUNAR_CHECK_EACH_OP=1 when the context is made,
+ * or lunar.check_each_op(true)): every index op on a device is followed by its check point, so a
+ * bad index fails at the op that met it, with its traceback. It costs one read, a
+ * synchronisation on a GPU, per op. */
+int  lunar_ctx_check_each_op(const lunar_ctx *ctx);
+void lunar_ctx_set_check_each_op(lunar_ctx *ctx, int on);
+
 int  lunar_device_equal(lunar_device a, lunar_device b);
 /* 1 for the host (cpu:0), whose memory lunar reads and writes directly; 0 for every other device. */
 int  lunar_device_is_host(lunar_device d);

@@ -33,8 +33,30 @@ lunar_status lunar_copy_saturate(lunar_ctx *ctx, lunar_tensor *dst, const lunar_
 lunar_status lunar_fill(lunar_ctx *ctx, lunar_tensor *t, double value);
 /* t[i] = start + i * step over the flattened tensor. */
 lunar_status lunar_arange(lunar_ctx *ctx, lunar_tensor *t, double start, double step);
-/* Waits for queued device work (no-op on CPU). */
+/* Waits for queued device work (no-op on CPU), then checks the device as lunar_sync_check does. */
 lunar_status lunar_synchronize(lunar_ctx *ctx, lunar_device dev);
+
+/* ---- check points: index range errors of devices ------------------------------------------ */
+
+/* An index op on the host (cpu) fails at once on an index value outside its range. On any other
+ * device that would take a read of device memory, a synchronisation, per op; so there the op
+ * skips the bad values (gathers write 0, an output is unspecified until the error is raised)
+ * and the device records the first one: CUDA kernels in a per-device record, the debug devices
+ * cpu:N in the context (ctx.h). A check point raises it:
+ *   lunar_sync_check(dev) reads and clears the record (one read, counted as a transfer; a no-op
+ *   on the host) and fails with the op, the tensor, the value, its position and the valid
+ *   range. lunar_synchronize, a model forward that reads its loss and the optimizer step call
+ *   it (lua/lunar); with check-each-op (ctx.h) every index op on a device does. */
+struct lunar_range_error {
+    const char *op;                  /* "index_select", ...; NULL once no longer known */
+    const char *role;                /* the tensor indexed: "src", "dst", "weight", "dweight" */
+    char        label[LUNAR_NAME_MAX];
+    int         dim;                 /* its dim (0-based); -1 when the backend does not know it */
+    int64_t     pos, value, n;       /* flat position in the index, the bad value, valid 0..n-1 */
+};
+lunar_status lunar_sync_check(lunar_ctx *ctx, lunar_device dev);
+/* The message of e, stored in ctx; deferred adds where it was found and how to find the op. */
+lunar_status lunar_range_error_fail(lunar_ctx *ctx, const lunar_range_error *e, lunar_device dev, int deferred);
 
 /* ---- GEMM -------------------------------------------------------------------------------- */
 

@@ -318,6 +318,10 @@ function Model:forward(batch, opts)
     if opts.mtp and #self.mtp > 0 then
         out.mtp_loss = self:_mtp_forward(batch, b, xf, saved)
     end
+    -- the forward's check point (lunar.sync_check): reading the loss synchronised the device
+    -- anyway, so one more small read makes a bad token id or routing index fail the forward
+    -- that met it
+    if want_loss then core.sync_check(self:device()) end
     if opts.keep ~= false then self.saved = saved else self.saved = nil end
     return out
 end

@@ -32,6 +32,9 @@
 -- schedule does not advance, and the step is counted (opt.skipped, opt.nonfinite_loss,
 -- opt.nonfinite_grad); info.skipped = true and info.reason says why.
 --
+-- Check point: step() first checks each device of its parameters (lunar.sync_check), so a bad
+-- index value that a forward or backward met on a GPU fails before any parameter changes.
+--
 -- Decay: a parameter gets the weight decay of its group (opts.weight_decay for the default group)
 -- unless a no-decay rule matches it: norms (names ending in "norm.weight" / "norm.bias", e.g.
 -- input_layernorm, q_a_layernorm, model.norm, k_norm), biases (".bias"), embeddings
@@ -198,6 +201,17 @@ function AdamW:step(o)
     o = o or {}
     local accum = o.micro_batches or self.accum
     local info = {step = self.step_count, skipped = false}
+    local names, ps, gs = self:_targets()
+    -- the step's check point (lunar.sync_check, one read per device): a bad index value that the
+    -- forward or backward met on a device fails here, before any parameter changes
+    local checked = {}
+    for _, p in ipairs(ps) do
+        local dev = p:device()
+        if not checked[dev] then
+            checked[dev] = true
+            core.sync_check(dev)
+        end
+    end
     local loss = o.loss
     if tensor.is_tensor(loss) then loss = loss:item() end
     local function skip(reason)
@@ -209,7 +223,6 @@ function AdamW:step(o)
         return info
     end
     if loss ~= nil and not finite(loss) then return skip('loss') end
-    local names, ps, gs = self:_targets()
     local norm = #gs > 0 and ops.global_norm(gs) or 0
     norm = f32(norm / accum)
     info.grad_norm = norm
