@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common.cuh"
+#include "range_error.cuh"
 
 static lunar_cuda_state *cuda_state(lunar_ctx *ctx) {
     lunar_cuda_state *s = (lunar_cuda_state *)lunar_ctx_backend_state(ctx, LUNAR_DEVICE_CUDA);
@@ -37,6 +38,7 @@ static void device_destroy(lunar_cuda_device *d) {
     if (d->cublas) cublasDestroy(d->cublas);
     if (d->cublaslt) cublasLtDestroy(d->cublaslt);
     if (d->workspace) cudaFree(d->workspace);
+    lunar_cuda_range_free(d);
     if (d->stream) cudaStreamDestroy(d->stream);
     memset(d, 0, sizeof *d);
 }
@@ -49,7 +51,7 @@ static lunar_status device_init(lunar_ctx *ctx, lunar_cuda_device *d) {
     d->workspace_bytes = 32u << 20;
     LUNAR_CUDA_CHECK(ctx, cudaMalloc(&d->workspace, d->workspace_bytes));
     LUNAR_CUBLAS_CHECK(ctx, cublasSetWorkspace(d->cublas, d->workspace, d->workspace_bytes));
-    return LUNAR_OK;
+    return lunar_cuda_range_init(ctx, d);
 }
 
 extern "C" lunar_status lunar_cuda_device_get(lunar_ctx *ctx, int device, lunar_cuda_device **out) {
@@ -145,6 +147,7 @@ static lunar_backend make_cuda_backend(void) {
     b.copy_to_host = cuda_copy_to_host;
     b.copy_from_host = cuda_copy_from_host;
     b.synchronize = cuda_synchronize;
+    b.take_range_error = lunar_cuda_take_range_error;
     b.shutdown = cuda_shutdown;
     b.copy = lunar_cuda_copy;
     b.fill = lunar_cuda_fill;
