@@ -1,5 +1,6 @@
-/* lua_ops_index.c: bindings of embedding / index_select / index_add / gather / scatter. Dims
- * are 0-based C dims here (negative counts from the end); lunar/ops/index.lua converts. */
+/* lua_ops_index.c: bindings of embedding / index_select / index_add / gather / scatter /
+ * index_select_sum / bincount. Dims are 0-based C dims here (negative counts from the end);
+ * lunar/ops/index.lua converts. */
 #include "lua_ops.h"
 #include "lunar/ops.h"
 
@@ -73,10 +74,31 @@ static int scatter_common(lua_State *L, int accumulate) {
 static int l_scatter(lua_State *L) { return scatter_common(L, 0); }
 static int l_scatter_add(lua_State *L) { return scatter_common(L, 1); }
 
+/* core.ops.index_select_sum(out, src, index, accumulate) -> out */
+static int l_index_select_sum(lua_State *L) {
+    lunar_tensor *out = lunar_lua_check_tensor(L, 1);
+    lunar_tensor *src = lunar_lua_check_tensor(L, 2);
+    lunar_tensor *index = lunar_lua_check_tensor(L, 3);
+    int accumulate = lua_toboolean(L, 4);
+    lunar_lua_check_status(L, lunar_index_select_sum(lunar_lua_ctx(L), out, src, index, accumulate));
+    lua_settop(L, 1);
+    return 1;
+}
+
+/* core.ops.bincount(counts, values) -> counts */
+static int l_bincount(lua_State *L) {
+    lunar_tensor *counts = lunar_lua_check_tensor(L, 1);
+    lunar_tensor *values = lunar_lua_check_tensor(L, 2);
+    lunar_lua_check_status(L, lunar_bincount(lunar_lua_ctx(L), counts, values));
+    lua_settop(L, 1);
+    return 1;
+}
+
 void lunar_lua_ops_index(lua_State *L) {
     static const luaL_Reg fns[] = {
         {"embedding_forward", l_embedding_forward}, {"embedding_backward", l_embedding_backward},
         {"index_select", l_index_select}, {"index_add", l_index_add}, {"gather", l_gather},
-        {"scatter", l_scatter}, {"scatter_add", l_scatter_add}, {NULL, NULL}};
+        {"scatter", l_scatter}, {"scatter_add", l_scatter_add}, {"index_select_sum", l_index_select_sum},
+        {"bincount", l_bincount}, {NULL, NULL}};
     lunar_lua_setfuncs(L, fns);
 }

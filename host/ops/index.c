@@ -1,4 +1,5 @@
-/* index.c: embedding, index_select / index_add, gather / scatter / scatter_add.
+/* index.c: embedding, index_select / index_add, gather / scatter / scatter_add, index_select_sum
+ * (the MoE combine) and bincount (its per-expert counts).
  *
  * Index values are 0-based. An out-of-range value is an error naming the op, the value and the
  * valid range. Where it is checked and raised (ops.h, "check points"):
@@ -300,4 +301,54 @@ lunar_status lunar_scatter(lunar_ctx *ctx, lunar_tensor *dst, int dim, const lun
 lunar_status lunar_scatter_add(lunar_ctx *ctx, lunar_tensor *dst, int dim, const lunar_tensor *index,
                                const lunar_tensor *src) {
     return scatter_impl(ctx, "scatter_add", dst, dim, index, src, 1);
+}
+
+/* ---- index_select_sum, bincount ----------------------------------------------------------- */
+
+lunar_status lunar_index_select_sum(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *src,
+                                    const lunar_tensor *index, int accumulate) {
+    lunar_prep p;
+    LUNAR_TRY(prep_begin(&p, ctx, "index_select_sum", out));
+    if (!p.be->index_select_sum) return prep_end(&p, prep_unsupported(&p));
+    prep_expect_float(&p, out, "out");
+    prep_check(&p, src, "src");
+    prep_expect_float(&p, src, "src");
+    prep_check(&p, index, "index");
+    prep_expect_index(&p, index, "index");
+    if (!p.st && src->ndim != 2) shape_fail(&p, "src must be 2-dim (rows, C)", src, "src", index, "index");
+    if (!p.st && index->ndim != 2) shape_fail(&p, "index must be 2-dim (N, K)", index, "index", src, "src");
+    if (!p.st) {
+        int64_t want[2] = {index->shape[0], src->shape[1]};
+        prep_expect_shape(&p, out, "out", 2, want);
+    }
+    if (p.st) return prep_end(&p, p.st);
+    /* out accumulates, so it sets the dtype (as dst does for index_add) */
+    lunar_dtype dt = prep_compute_dtype(&p, out->dtype);
+    lunar_tensor iw, sw, ow;
+    prep_in(&p, &iw, index, "index", LUNAR_DTYPE_I64);
+    int ok = range_ok(&p, &iw, src, "src", 0);
+    prep_in(&p, &sw, src, "src", dt);
+    prep_out(&p, &ow, out, "out", dt, accumulate);
+    if (p.st) return prep_end(&p, p.st);
+    if (lunar_tensor_numel(out) == 0) return prep_end(&p, LUNAR_OK);
+    if (!ok) return index_end(&p, accumulate ? LUNAR_OK : p.be->fill(ctx, &ow, 0.0));
+    return index_end(&p, p.be->index_select_sum(ctx, &ow, &sw, &iw, accumulate));
+}
+
+lunar_status lunar_bincount(lunar_ctx *ctx, lunar_tensor *counts, const lunar_tensor *values) {
+    lunar_prep p;
+    LUNAR_TRY(prep_begin(&p, ctx, "bincount", counts));
+    if (!p.be->bincount) return prep_end(&p, prep_unsupported(&p));
+    prep_expect_index(&p, counts, "counts");
+    prep_check(&p, values, "values");
+    prep_expect_index(&p, values, "values");
+    if (!p.st && counts->ndim != 1) shape_fail(&p, "counts must be 1-dim (one per bin)", counts, "counts", values, "values");
+    if (p.st) return prep_end(&p, p.st);
+    lunar_tensor vw, cw;
+    prep_in(&p, &vw, values, "values", LUNAR_DTYPE_I64);
+    int ok = range_ok(&p, &vw, counts, "counts", 0);
+    prep_out(&p, &cw, counts, "counts", LUNAR_DTYPE_I64, 0);
+    if (p.st) return prep_end(&p, p.st);
+    if (lunar_tensor_numel(counts) == 0) return prep_end(&p, LUNAR_OK);
+    return index_end(&p, ok ? p.be->bincount(ctx, &cw, &vw) : p.be->fill(ctx, &cw, 0.0));
 }

@@ -93,6 +93,9 @@ lunar_status lunar_cpu_gather(lunar_ctx *ctx, lunar_tensor *out, const lunar_ten
                               int64_t outer, int64_t n_data, int64_t n_idx, int64_t inner);
 lunar_status lunar_cpu_scatter(lunar_ctx *ctx, lunar_tensor *dst, const lunar_tensor *index, const lunar_tensor *src,
                                int64_t outer, int64_t n_data, int64_t n_idx, int64_t inner, int accumulate);
+lunar_status lunar_cpu_index_select_sum(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *src,
+                                        const lunar_tensor *index, int accumulate);
+lunar_status lunar_cpu_bincount(lunar_ctx *ctx, lunar_tensor *counts, const lunar_tensor *values);
 
 /* sort.c */
 lunar_status lunar_cpu_topk(lunar_ctx *ctx, lunar_tensor *values, lunar_tensor *indices, const lunar_tensor *x,

@@ -1,5 +1,5 @@
-/* index.c: embedding, index_select / index_add, gather / scatter on the CPU (f32 data, i64
- * indices already range-checked by the host).
+/* index.c: embedding, index_select / index_add, gather / scatter, index_select_sum and bincount
+ * on the CPU (f32 data, i64 indices already range-checked by the host).
  *
  * Accumulating kernels are deterministic without atomics: the work is split so that each
  * output element is updated by one thread, which adds its contributions in index order.
@@ -7,6 +7,7 @@
  *   index_add:          threads split (outer, inner column blocks); each walks the index in order.
  *   scatter(_add):      threads split (outer, inner) positions; each walks n_idx in order, so for
  *                       scatter the last duplicate index wins (torch leaves it unspecified).
+ *   index_select_sum:   threads split (rows, column blocks); each sums its row's K sources in order.
  */
 #include <string.h>
 
@@ -132,5 +133,41 @@ lunar_status lunar_cpu_scatter(lunar_ctx *ctx, lunar_tensor *dst, const lunar_te
             }
         }
     }
+    return LUNAR_OK;
+}
+
+/* out (N, C)[n, :] (= or +=) the sum over k in order of src (R, C)[index[n, k], :]. Each out
+ * element is owned by one thread and summed as index_add sums it: 0 (or out) + row, row by row. */
+lunar_status lunar_cpu_index_select_sum(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *src,
+                                        const lunar_tensor *index, int accumulate) {
+    (void)ctx;
+    int64_t n = index->shape[0], k = index->shape[1], c = src->shape[1];
+    const int64_t *idx = lunar_tensor_data(index);
+    const float *s = lunar_tensor_data(src);
+    float *o = lunar_tensor_data(out);
+    int64_t blocks = (c + COL_BLOCK - 1) / COL_BLOCK, items = n * blocks;
+#pragma omp parallel for schedule(static) if (n * k * c >= LUNAR_CPU_PAR_MIN && items > 1)
+    for (int64_t it = 0; it < items; it++) {
+        int64_t row = it / blocks, c0 = (it % blocks) * COL_BLOCK;
+        int64_t m = c - c0 < COL_BLOCK ? c - c0 : COL_BLOCK;
+        float *orow = o + row * c + c0;
+        if (!accumulate) memset(orow, 0, (size_t)m * sizeof(float));
+        for (int64_t j = 0; j < k; j++) {
+            const float *srow = s + idx[row * k + j] * c + c0;
+            for (int64_t q = 0; q < m; q++) orow[q] += srow[q];
+        }
+    }
+    return LUNAR_OK;
+}
+
+/* counts (B) = occurrences of each value (host-checked to lie in [0, B)); integer counts are
+ * exact in any order, one pass is enough at the sizes it serves (N*K routing entries) */
+lunar_status lunar_cpu_bincount(lunar_ctx *ctx, lunar_tensor *counts, const lunar_tensor *values) {
+    (void)ctx;
+    int64_t n = lunar_tensor_numel(values), bins = lunar_tensor_numel(counts);
+    const int64_t *v = lunar_tensor_data(values);
+    int64_t *c = lunar_tensor_data(counts);
+    memset(c, 0, (size_t)bins * sizeof(int64_t));
+    for (int64_t i = 0; i < n; i++) c[v[i]]++;
     return LUNAR_OK;
 }

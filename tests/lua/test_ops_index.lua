@@ -376,4 +376,83 @@ T:test('shape, dtype and dim errors', function()
         "must be a float tensor")
 end)
 
+-- ---- index_select_sum (the MoE combine) and bincount (its expert counts) ------------------------
+
+-- the reference bits: index_add_ of src's rows, each row of index in k order, into base (or 0s)
+local function sum_by_index_add(src, index, base)
+    local n, k = index:size(1), index:size(2)
+    local tok = {}
+    for r = 0, n - 1 do for _ = 1, k do tok[#tok + 1] = r end end
+    local rows = ops.index_select(src, 1, index:contiguous():view(n * k))
+    local out = base and base:clone() or lunar.zeros(n, src:size(2)):to(src:dtype())
+    return out:index_add_(1, lunar.tensor(tok, 'i64'), rows)
+end
+
+T:test('index_select_sum: each row of index summed in k order, the bits of index_add_ in that order', function()
+    for _, c in ipairs({{1, 1, 1, 1}, {6, 3, 17, 2}, {40, 300, 17, 8}, {5, 600, 3, 5}, {9, 4, 1000, 1}}) do
+        local r, ch, n, k = c[1], c[2], c[3], c[4]
+        local msg = ('R%d C%d N%d K%d'):format(r, ch, n, k)
+        local src = lunar.randn(r, ch)
+        local index = lunar.randint(0, r, {n, k}, 'i64')   -- repeats within a row too
+        T.equal(ops.index_select_sum(src, index), sum_by_index_add(src, index), msg)
+        local base = lunar.randn(n, ch)
+        local acc = base:clone()
+        ops.index_select_sum(src, index:to('i32'), {out = acc, accumulate = true})
+        T.equal(acc, sum_by_index_add(src, index, base), msg .. ' accumulate, i32 index')
+    end
+    -- the order is k's: (1e8 + 1) - 1e8 is 0 in f32, 1e8 - 1e8 + 1 is 1
+    local src = lunar.tensor({{1e8}, {1}, {-1e8}})
+    T.equal(ops.index_select_sum(src, lunar.tensor({{0, 1, 2}, {0, 2, 1}}, 'i64')), {0, 1}, 'k order')
+    -- bf16: summed in f32 and rounded once (256 + 1 + 1 = 258; rounding after each add gives 256)
+    local b = lunar.tensor({{256}, {1}}):bf16()
+    local got = ops.index_select_sum(b, lunar.tensor({{0, 1, 1}}, 'i64'))
+    assert(got:dtype() == 'bf16')
+    T.equal(got, {258}, 'bf16 rounds once')
+    local bsrc, bidx = lunar.randn(30, 70):bf16(), lunar.randint(0, 30, {11, 8}, 'i64')
+    T.equal(ops.index_select_sum(bsrc, bidx), sum_by_index_add(bsrc, bidx), 'bf16 = index_add_ in bf16')
+    -- a strided out keeps its other elements; K = 0 gives zeros (or leaves out as it was)
+    local big = lunar.ones(4, 7)
+    local s2 = lunar.randn(3, 5)
+    local i2 = lunar.tensor({{2, 0}, {1, 1}, {0, 2}, {2, 2}}, 'i64')
+    ops.index_select_sum(s2, i2, {out = big:narrow(2, 2, 5), accumulate = true})
+    T.equal(big:narrow(2, 2, 5), sum_by_index_add(s2, i2, lunar.ones(4, 5)), 'strided out')
+    T.equal(big:select(2, 1), lunar.ones(4), 'untouched column')
+    T.equal(ops.index_select_sum(s2, lunar.zeros(4, 0, 'i64')), lunar.zeros(4, 5), 'K = 0')
+    T.raises(function() ops.index_select_sum(s2, lunar.tensor({{0, 3}}, 'i64')) end,
+        "index_select_sum: index 3 (at flat position 1 of the index) out of range: src 'tensor' has 3 entries")
+    T.raises(function() ops.index_select_sum(s2, lunar.tensor({{-1}}, 'i64')) end, 'index_select_sum: index -1')
+    T.raises(function() ops.index_select_sum(lunar.randn(3), i2) end, 'src must be 2-dim (rows, C)')
+    T.raises(function() ops.index_select_sum(s2, lunar.tensor({0, 1}, 'i64')) end, 'index must be 2-dim (N, K)')
+    T.raises(function() ops.index_select_sum(s2, i2, {out = lunar.zeros(4, 4)}) end, 'has shape (4, 4), expected (4, 5)')
+    T.raises(function() ops.index_select_sum(s2, i2, {accumulate = true}) end, 'accumulate = true needs out =')
+    T.raises(function() ops.index_select_sum(s2, lunar.zeros(4, 2)) end, 'must be i32 or i64, not f32')
+end)
+
+T:test('bincount: how often each value occurs, any shape, i32 and i64; values outside the bins are errors', function()
+    for _, c in ipairs({{1, {1}}, {7, {3, 50}}, {300, {1000}}, {5, {0}}}) do
+        local bins, shape = c[1], c[2]
+        for _, dt in ipairs({'i64', 'i32'}) do
+            local v = lunar.randint(0, bins, shape, dt)
+            local want = {}
+            for b = 1, bins do want[b] = 0 end
+            for _, x in ipairs(v:tolist_flat()) do want[x + 1] = want[x + 1] + 1 end
+            local got = ops.bincount(v, bins)
+            assert(got:dtype() == 'i64' and got:dim() == 1 and got:size(1) == bins, 'i64 (bins)')
+            T.equal(got, want, ('bins %d %s'):format(bins, dt))
+            local out32 = lunar.zeros(bins, 'i32'):fill_(7)
+            ops.bincount(v, bins, {out = out32})
+            T.equal(out32, want, 'into an i32 out (every bin written)')
+        end
+    end
+    T.raises(function() ops.bincount(lunar.tensor({0, 5}, 'i64'), 5) end,
+        "bincount: index 5 (at flat position 1 of the index) out of range: counts 'tensor' has 5 entries")
+    T.raises(function() ops.bincount(lunar.tensor({-2}, 'i32'), 5) end, 'bincount: index -2')
+    T.raises(function() ops.bincount(lunar.tensor({0}, 'i64'), 2.5) end, 'bins must be a non-negative integer')
+    T.raises(function() ops.bincount(lunar.tensor({0.0}), 3) end, "values 'tensor' (1) must be i32 or i64, not f32")
+    T.raises(function() ops.bincount(lunar.tensor({0}, 'i64'), 3, {out = lunar.zeros(3)}) end,
+        'must be i32 or i64, not f32')
+    T.raises(function() ops.bincount(lunar.tensor({0}, 'i64'), 3, {out = lunar.zeros(3, 1, 'i64')}) end,
+        'counts must be 1-dim (one per bin)')
+end)
+
 os.exit(T:run())

@@ -151,6 +151,11 @@ struct lunar_backend {
                            int64_t outer, int64_t n_data, int64_t n_idx, int64_t inner);
     lunar_status (*scatter)(lunar_ctx *ctx, lunar_tensor *dst, const lunar_tensor *index, const lunar_tensor *src,
                             int64_t outer, int64_t n_data, int64_t n_idx, int64_t inner, int accumulate);
+    /* out (N, C), src (R, C) and index (N, K), as ops.h; out sets the float dtype */
+    lunar_status (*index_select_sum)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *src,
+                                     const lunar_tensor *index, int accumulate);
+    /* counts (B) i64, values (n) i64 */
+    lunar_status (*bincount)(lunar_ctx *ctx, lunar_tensor *counts, const lunar_tensor *values);
 
     /* x seen as (rows, n) */
     lunar_status (*topk)(lunar_ctx *ctx, lunar_tensor *values, lunar_tensor *indices, const lunar_tensor *x,

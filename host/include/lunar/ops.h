@@ -229,6 +229,15 @@ lunar_status lunar_scatter(lunar_ctx *ctx, lunar_tensor *dst, int dim, const lun
                            const lunar_tensor *src);
 lunar_status lunar_scatter_add(lunar_ctx *ctx, lunar_tensor *dst, int dim, const lunar_tensor *index,
                                const lunar_tensor *src);
+/* out (N, C) (= or +=) the sum over k = 0..K-1, in that order, of src (R, C)[index[n, k], :];
+ * index (N, K). Each element is summed in f32, from 0 (or from out's value when accumulate), and
+ * rounded to out's dtype once: the bits of index_add_ of those rows, in that order, into a zeroed
+ * (or the given) out. The MoE layer combines its experts' rows with it (docs/model.md). */
+lunar_status lunar_index_select_sum(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *src,
+                                    const lunar_tensor *index, int accumulate);
+/* counts (B) i32/i64 = how often each value 0..B-1 occurs in values (any shape, i32/i64), as
+ * torch.bincount(values, minlength=B); a value outside [0, B) is an error. */
+lunar_status lunar_bincount(lunar_ctx *ctx, lunar_tensor *counts, const lunar_tensor *values);
 
 /* ---- sorting ------------------------------------------------------------------------------ */
 

@@ -6,10 +6,14 @@
 --   gather(src, dim, index, {out=})             -> index.shape        (torch.gather)
 --   scatter_(dst, dim, index, src)              -> dst                (torch.Tensor.scatter_)
 --   scatter_add_(dst, dim, index, src)          -> dst                (torch.Tensor.scatter_add_)
+--   index_select_sum(src, index, {out=, accumulate=false})
+--                                               -> (N, C)             (out[n] = sum_k src[index[n, k]])
+--   bincount(values, bins, {out=})              -> (bins) i64         (occurrences of 0 .. bins-1)
 -- Index values (token ids, row ids) are 0-based, as in checkpoints; dims are 1-based (negative
 -- counts from the end). Out-of-range values raise an error naming the op, value and range.
 -- Accumulation is deterministic on the CPU. For scatter_ with repeated indices the last one
--- in index order wins on the CPU.
+-- in index order wins on the CPU. index_select_sum takes src (R, C) and index (N, K) and sums
+-- each row's K sources in k order in f32, rounding once: the MoE layer's combine.
 local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local C = core.ops
@@ -84,6 +88,28 @@ end
 function M.scatter_add_(dst, dim, index, src)
     check(dst, 'dst', 'scatter_add_')
     return C.scatter_add(dst, cdim(dim, 'scatter_add_', dst), index, src)
+end
+
+function M.index_select_sum(src, index, opts)
+    check(src, 'src', 'index_select_sum')
+    check(index, 'index', 'index_select_sum')
+    opts = opts or {}
+    local out = opts.out
+    if not out then
+        if opts.accumulate then tensor.fail('index_select_sum: accumulate = true needs out =') end
+        out = core.empty({index:dim() == 2 and index:size(1) or 0, src:dim() == 2 and src:size(2) or 0},
+                         src:dtype(), src:device())
+    end
+    return C.index_select_sum(out, src, index, opts.accumulate == true)
+end
+
+function M.bincount(values, bins, opts)
+    check(values, 'values', 'bincount')
+    opts = opts or {}
+    if type(bins) ~= 'number' or bins < 0 or bins ~= math.floor(bins) then
+        tensor.fail('bincount: bins must be a non-negative integer, got ' .. tostring(bins))
+    end
+    return C.bincount(opts.out or core.empty({bins}, 'i64', values:device()), values)
 end
 
 return M
