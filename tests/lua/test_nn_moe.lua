@@ -425,6 +425,35 @@ T:test('backward accumulates (+=) and need_dx = false skips dx', function()
     for pname, g in pairs(once) do T.close(s:grad(pname), ops.mul(g, 2), {rtol = 1e-6, atol = 1e-7, msg = pname}) end
 end)
 
+T:test('the combine sums each token\'s experts in ascending expert order, whatever their slot order', function()
+    -- without norm_topk_prob each slot's weight depends on its expert alone, so listing a token's
+    -- experts in another slot order changes only the order a slot-order sum would take: the
+    -- output, dx and every gradient stay bit-identical
+    local cfg = cfg_of{n_routed_experts = 8, num_experts_per_tok = 4, norm_topk_prob = false}
+    local s, name = make_store(cfg, 6, 3)
+    local m = MoE.new(s, name, cfg)
+    local x, dy = lunar.randn(13, 6), lunar.randn(13, 6)
+    local _, _, routing = m:forward(x)
+    local rev = {}
+    for n, r in ipairs(rows(routing.idx)) do
+        rev[n] = {}
+        for k = 1, #r do rev[n][k] = r[#r + 1 - k] end
+    end
+    local function run(ids)
+        local y, saved = m:forward(x, {replay_idx = ids})
+        s:zero_grad()
+        local dx = m:backward(dy, saved)
+        local grads = {}
+        for pname in s:names() do if s:is_trainable(pname) then grads[pname] = s:grad(pname):clone() end end
+        return y, dx, grads
+    end
+    local y1, dx1, g1 = run(routing.idx)
+    local y2, dx2, g2 = run(lunar.tensor(rev, 'i64'))
+    T.equal(y2, y1, 'y')
+    T.equal(dx2, dx1, 'dx')
+    for pname, g in pairs(g1) do T.equal(g2[pname], g, pname) end
+end)
+
 ---------------------------------------------------------------------------------------------
 -- routing replay (R3)
 

@@ -24,9 +24,13 @@
 --
 -- Experts run grouped by expert: the N*K (token, slot) pairs are sorted by expert id (stable),
 -- the tokens gathered once in that order, and each expert with tokens does three gemms on its
--- contiguous block of rows; the activation, the scaling by the routing weights and the
--- index_add_ into the output are single ops over all rows. index_add_ walks the rows in order,
--- so each token sums its experts in ascending expert order, as HF's eager loop does.
+-- contiguous block of rows (their sizes: a histogram of the expert ids, read by the host); the
+-- activation and the scaling by the routing weights are single ops over all rows. The combine
+-- goes back through the inverse of the sort: each token's K rows, in ascending row order, which
+-- is ascending expert order as in HF's eager loop, are summed in that fixed order by one op
+-- (index_select_sum), so every output element is one independent sum, parallel on a GPU and the
+-- same bits on every backend. The backward's dx goes the same way, and the router's gradient
+-- comes back to the (token, slot) layout by a gather through the inverse.
 --
 -- Routing replay (R3): opts.replay_idx (N, K) gives the expert ids to use; the weights are still
 -- computed from the current router at those ids, so the router gets its gradient.
@@ -202,10 +206,17 @@ function MoE:forward(x, opts)
     local tokrep = core.empty({N}, 'f32', dev):arange_(0, 1):view(N, 1):expand(N, K):contiguous():view(NK)
     local tok = ops.index_select(tokrep, 1, order):to('i64')          -- (NK) token of each sorted pair
     local wsorted = ops.index_select(w:view(NK), 1, order):view(NK, 1)
+    -- inv (NK): the sorted row of each pair (the inverse of order); rows (N, K): each token's rows
+    -- in ascending order, the order the combine sums them in (ascending expert id, as HF's loop;
+    -- a replayed duplicate expert in slot order)
+    local pos = core.empty({NK}, 'f32', dev):arange_(0, 1)
+    local inv32 = ops.scatter_(core.empty({NK}, 'f32', dev), 1, order, pos)
+    local rows32, slots = ops.topk(inv32:view(N, K), K, {largest = false})
+    local inv, rows = inv32:to('i64'), rows32:to('i64')
+    pos:free(); inv32:free(); rows32:free(); slots:free(); order:free()
     -- tokens per expert, read back to the host: the one deliberate sync of the layer (the
     -- per-expert row blocks of the grouped gemms are sized on the host); backward reuses them
-    local counts = ops.scatter_add_(core.empty({E}, 'f32', dev):fill_(0), 1, flat,
-                                    core.empty({NK}, 'f32', dev):fill_(1)):tolist_flat()
+    local counts = ops.bincount(flat, E):tolist_flat()
     tokrep:free()
 
     local hits, off, Im = {}, 0, nil
@@ -218,7 +229,7 @@ function MoE:forward(x, opts)
         off = off + c
     end
 
-    local out = core.empty({N, H}, dt, dev):fill_(0)
+    local out = core.empty({N, H}, dt, dev)
     local G, U
     local ls = store.lora and {gate = {}, up = {}, down = {}} or nil    -- LoRA saved state per expert
     if NK > 0 then
@@ -258,11 +269,11 @@ function MoE:forward(x, opts)
         end
         A:free()
         ops.mul(Y, wsorted, {out = Y})
-        ops.index_add_(out, 1, tok, Y)
+        ops.index_select_sum(Y, rows, {out = out})
         Y:free()
     end
 
-    local saved = {x = x, x32 = x32, idx = idx, sk = sk, order = order, tok = tok, wsorted = wsorted,
+    local saved = {x = x, x32 = x32, idx = idx, sk = sk, inv = inv, rows = rows, tok = tok, wsorted = wsorted,
                    hits = hits, G = G, U = U, Im = Im, lora = ls}
     if self.shared then
         local ys, ss = self.shared:forward(x)
@@ -379,7 +390,7 @@ function MoE:backward(dy, saved, need_dx)
         dU:free()
         xs:free()
         if dXs then
-            ops.index_add_(dx, 1, tok, dXs)
+            ops.index_select_sum(dXs, saved.rows, {out = dx, accumulate = true})
             dXs:free()
         end
     end
@@ -397,9 +408,7 @@ function MoE:backward(dy, saved, need_dx)
     end
 
     -- router: back to the (token, slot) layout, through the normalisation and the sigmoid
-    local aK = core.empty({NK}, 'f32', dev):fill_(0)
-    if NK > 0 then ops.scatter_(aK, 1, saved.order, a) end
-    aK = aK:view(N, K)
+    local aK = ops.index_select(a, 1, saved.inv):view(N, K)
     local sk = saved.sk
     local ds
     if rc.norm then
