@@ -183,6 +183,8 @@ static lunar_backend make_cuda_backend(void) {
     b.index_add = lunar_cuda_index_add;
     b.gather = lunar_cuda_gather;
     b.scatter = lunar_cuda_scatter;
+    b.index_select_sum = lunar_cuda_index_select_sum;
+    b.bincount = lunar_cuda_bincount;
     b.topk = lunar_cuda_topk;
     b.argsort = lunar_cuda_argsort;
     b.causal_mask = lunar_cuda_causal_mask;

@@ -88,12 +88,17 @@ lunar_status lunar_cuda_embedding_backward(lunar_ctx *ctx, lunar_tensor *dweight
                                           const lunar_tensor *ids);
 lunar_status lunar_cuda_index_select(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *src,
                                     const lunar_tensor *index, int64_t outer, int64_t n_src, int64_t inner);
-lunar_status lunar_cuda_index_add(lunar_ctx *ctx, lunar_tensor *dst, const lunar_tensor *index, const lunar_tensor *src,
-                                 double alpha, int64_t outer, int64_t n_dst, int64_t inner);
 lunar_status lunar_cuda_gather(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *src, const lunar_tensor *index,
                               int64_t outer, int64_t n_data, int64_t n_idx, int64_t inner);
+
+/* index_accumulate.cu */
+lunar_status lunar_cuda_index_add(lunar_ctx *ctx, lunar_tensor *dst, const lunar_tensor *index, const lunar_tensor *src,
+                                 double alpha, int64_t outer, int64_t n_dst, int64_t inner);
 lunar_status lunar_cuda_scatter(lunar_ctx *ctx, lunar_tensor *dst, const lunar_tensor *index, const lunar_tensor *src,
                                int64_t outer, int64_t n_data, int64_t n_idx, int64_t inner, int accumulate);
+lunar_status lunar_cuda_index_select_sum(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *src,
+                                        const lunar_tensor *index, int accumulate);
+lunar_status lunar_cuda_bincount(lunar_ctx *ctx, lunar_tensor *counts, const lunar_tensor *values);
 
 /* sort.cu */
 lunar_status lunar_cuda_topk(lunar_ctx *ctx, lunar_tensor *values, lunar_tensor *indices, const lunar_tensor *x,

@@ -1,4 +1,4 @@
-// index.cu: embedding, index_select / index_add, gather / scatter on the GPU.
+// index.cu: embedding, index_select and gather on the GPU.
 //
 // Index range checks happen here, on the device, with range_error.cuh's convention: a kernel that
 // meets an index outside [0, n) skips it (gathers write 0) and records it in the device's range
@@ -6,10 +6,9 @@
 // (lunar_sync_check) fails with the op, the bad value and the valid range, as the CPU's host
 // check does at the op.
 //
-// Determinism: index_add and scatter/scatter_add give each (outer, inner) position to one
-// thread, which walks the index in order (no atomics; for scatter the last duplicate wins).
-// embedding_backward uses atomicAdd over the rows (fast, but float sums in a run-dependent
-// order); the CPU backend is the deterministic reference.
+// index_add, scatter / scatter_add (and index_select_sum, bincount) are in index_accumulate.cu:
+// parallel over the index with the CPU's bits. embedding_backward uses atomicAdd over the rows
+// (fast, but float sums in a run-dependent order); the CPU backend is the deterministic reference.
 #include <limits.h>
 
 #include "common.cuh"
@@ -46,21 +45,6 @@ __global__ void index_select_kernel(T *out, const T *src, const int64_t *idx, in
     }
 }
 
-// one thread per (outer, inner) position, index walked in order
-template <typename T>
-__global__ void index_add_kernel(T *dst, const T *src, const int64_t *idx, int64_t outer, int64_t n_dst, int64_t k_n,
-                                 int64_t inner, float alpha, lunar_range_ticket rt) {
-    LUNAR_GRID_STRIDE(p, outer * inner) {
-        int64_t o = p / inner, i = p % inner;
-        for (int64_t j = 0; j < k_n; j++) {
-            int64_t d = idx[j];
-            if (!lunar_index_ok(rt, d, n_dst, j)) continue;
-            T *q = dst + (o * n_dst + d) * inner + i;
-            *q = lunar_from_f32<T>(lunar_to_f32(*q) + alpha * lunar_to_f32(src[(o * k_n + j) * inner + i]));
-        }
-    }
-}
-
 template <typename T>
 __global__ void gather_kernel(T *out, const T *src, const int64_t *idx, int64_t outer, int64_t n_data, int64_t n_idx,
                               int64_t inner, lunar_range_ticket rt) {
@@ -68,21 +52,6 @@ __global__ void gather_kernel(T *out, const T *src, const int64_t *idx, int64_t 
         int64_t i = k % inner, o = k / (n_idx * inner);
         int64_t s = idx[k];
         out[k] = lunar_index_ok(rt, s, n_data, k) ? src[(o * n_data + s) * inner + i] : lunar_from_f32<T>(0.0f);
-    }
-}
-
-template <typename T>
-__global__ void scatter_kernel(T *dst, const T *src, const int64_t *idx, int64_t outer, int64_t n_data, int64_t n_idx,
-                               int64_t inner, int accumulate, lunar_range_ticket rt) {
-    LUNAR_GRID_STRIDE(p, outer * inner) {
-        int64_t o = p / inner, i = p % inner;
-        for (int64_t j = 0; j < n_idx; j++) {
-            int64_t k = (o * n_idx + j) * inner + i;
-            int64_t d = idx[k];
-            if (!lunar_index_ok(rt, d, n_data, k)) continue;
-            T *q = dst + (o * n_data + d) * inner + i;
-            *q = accumulate ? lunar_from_f32<T>(lunar_to_f32(*q) + lunar_to_f32(src[k])) : src[k];
-        }
     }
 }
 
@@ -144,22 +113,6 @@ extern "C" lunar_status lunar_cuda_index_select(lunar_ctx *ctx, lunar_tensor *ou
     return LUNAR_OK;
 }
 
-extern "C" lunar_status lunar_cuda_index_add(lunar_ctx *ctx, lunar_tensor *dst, const lunar_tensor *index,
-                                             const lunar_tensor *src, double alpha, int64_t outer, int64_t n_dst,
-                                             int64_t inner) {
-    int64_t k_n = lunar_tensor_numel(index), work = outer * inner;
-    if (work == 0 || k_n == 0) return LUNAR_OK;
-    cudaStream_t stream;
-    lunar_range_ticket rt;
-    LUNAR_TRY(lunar_cuda_stream_for(ctx, dst, &stream));
-    LUNAR_TRY(lunar_cuda_range_ticket(ctx, dst, "index_add", "dst", dst, -1, &rt));
-    INDEX_DISPATCH(dst->dtype, T,
-        index_add_kernel<T><<<lunar_cuda_grid(work), LUNAR_CUDA_BLOCK, 0, stream>>>(
-            DATA(T, dst), DATA(const T, src), DATA(const int64_t, index), outer, n_dst, k_n, inner, (float)alpha, rt));
-    LUNAR_CUDA_LAUNCH_CHECK(ctx, "index_add");
-    return LUNAR_OK;
-}
-
 extern "C" lunar_status lunar_cuda_gather(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *src,
                                           const lunar_tensor *index, int64_t outer, int64_t n_data, int64_t n_idx,
                                           int64_t inner) {
@@ -173,22 +126,5 @@ extern "C" lunar_status lunar_cuda_gather(lunar_ctx *ctx, lunar_tensor *out, con
         gather_kernel<T><<<lunar_cuda_grid(work), LUNAR_CUDA_BLOCK, 0, stream>>>(
             DATA(T, out), DATA(const T, src), DATA(const int64_t, index), outer, n_data, n_idx, inner, rt));
     LUNAR_CUDA_LAUNCH_CHECK(ctx, "gather");
-    return LUNAR_OK;
-}
-
-extern "C" lunar_status lunar_cuda_scatter(lunar_ctx *ctx, lunar_tensor *dst, const lunar_tensor *index,
-                                           const lunar_tensor *src, int64_t outer, int64_t n_data, int64_t n_idx,
-                                           int64_t inner, int accumulate) {
-    int64_t work = outer * inner;
-    if (work == 0 || n_idx == 0) return LUNAR_OK;
-    cudaStream_t stream;
-    const char *op = accumulate ? "scatter_add" : "scatter";
-    lunar_range_ticket rt;
-    LUNAR_TRY(lunar_cuda_stream_for(ctx, dst, &stream));
-    LUNAR_TRY(lunar_cuda_range_ticket(ctx, dst, op, "dst", dst, -1, &rt));
-    INDEX_DISPATCH(dst->dtype, T,
-        scatter_kernel<T><<<lunar_cuda_grid(work), LUNAR_CUDA_BLOCK, 0, stream>>>(
-            DATA(T, dst), DATA(const T, src), DATA(const int64_t, index), outer, n_data, n_idx, inner, accumulate, rt));
-    LUNAR_CUDA_LAUNCH_CHECK(ctx, op);
     return LUNAR_OK;
 }
