@@ -79,6 +79,9 @@ static lunar_status check_attention(lunar_prep *p, att_dims *d, const lunar_tens
     if (p->st) return p->st;
     d->B = q->shape[0], d->S = q->shape[1], d->NH = q->shape[2], d->Dq = q->shape[3];
     d->T = k->shape[1], d->Hk = k->shape[2], d->Dv = v->shape[3];
+    /* no heads: nothing to compute, but a backend would launch no block at all (an error on CUDA
+     * while the CPU returns), so every backend refuses it here */
+    if (d->NH < 1) return fail_shape(p, q, "q", "(B, S, NH, Dq) with NH >= 1 query heads");
     char want[160];
     snprintf(want, sizeof want, "(B, T, Hk, Dq) with B = %lld, Dq = %lld, T >= 1 and Hk dividing NH = %lld",
              (long long)d->B, (long long)d->Dq, (long long)d->NH);

@@ -316,6 +316,22 @@ T:test('bad inputs name the problem', function()
         'topk')
 end)
 
+T:test('no query heads (NH = 0) is refused, forward and backward, on every device', function()
+    -- the CPU used to return and CUDA to fail with "invalid configuration argument" (no block to launch)
+    local want = "q 'q0' has shape (1, 3, 0, 5), expected (B, S, NH, Dq) with NH >= 1 query heads"
+    local devs = {'cpu'}
+    if lunar.device_count('cpu') > 1 then devs[2] = 'cpu:1' end
+    if lunar.device_count('cuda') > 0 then devs[#devs + 1] = 'cuda' end
+    for _, dev in ipairs(devs) do
+        local q = lunar.randn(1, 3, 0, 5, {device = dev}):set_name('q0')
+        local k, v = lunar.randn(1, 3, 2, 5, {device = dev}), lunar.randn(1, 3, 2, 2, {device = dev})
+        T.raises(function() ops.attention(q, k, v) end, 'attention_forward: ' .. want)
+        local o, lse = lunar.empty({1, 3, 0, 2}, {device = dev}), lunar.empty({1, 0, 3}, {device = dev})
+        T.raises(function() ops.attention_backward(lunar.empty({1, 3, 0, 2}, {device = dev}), o, lse, q, k, v) end,
+            'attention_backward: ' .. want)
+    end
+end)
+
 -- plain-Lua index score: (B, S, T) nested lists
 local function ref_index(qi, ki, w, mask, scale)
     local B, S, Hi, Di = unpack(qi:size())

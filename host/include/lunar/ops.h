@@ -259,7 +259,8 @@ lunar_status lunar_block_mask(lunar_ctx *ctx, lunar_tensor *out, const lunar_ten
 /* ---- fused attention (token-major, flash-style: no (T, T) matrix in memory) --------------- */
 
 /* Softmax attention of every query over its own set of candidate keys, HF eager semantics:
- *   q (B, S, NH, Dq), k (B, T, Hk, Dq), v (B, T, Hk, Dv); Hk divides NH and query head h uses key
+ *   q (B, S, NH, Dq), k (B, T, Hk, Dq), v (B, T, Hk, Dv); NH >= 1 (no heads is an error on every
+ *   backend, as T, Hk, Dq, Dv >= 1 are; B or S may be 0); Hk divides NH and query head h uses key
  *   head h / (NH / Hk) (Hk = NH per head, Hk < NH grouped / GQA);
  *   keys (B, S, K) i32/i64 or NULL: the candidate keys of query (b, s) are keys[b, s, :] (DSA
  *   top-k; entries < 0 are ignored, a key listed twice counts once), or all T keys when NULL;
