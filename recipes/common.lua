@@ -421,8 +421,12 @@ function M.check_runnable(cfg)
     local kind, index = tostring(cfg.model.device):match('^(%a+):?(%d*)$')
     local have = (kind == 'cpu' or kind == 'cuda') and lunar.device_count(kind) or 0
     if have <= (tonumber(index) or 0) then
-        user_error(('recipe %s wants model.device=%s but %s'):format(cfg.name, cfg.model.device,
-            kind == 'cuda' and 'no such CUDA device is available' or 'there is no such device'))
+        local why = 'there is no such device'
+        if kind == 'cuda' then
+            local _, status = lunar.cuda_status()
+            why = have == 0 and status or ('there are %d CUDA devices'):format(have)
+        end
+        user_error(('recipe %s wants model.device=%s but %s'):format(cfg.name, cfg.model.device, why))
     end
     if not cfg.tokenizer then user_error(('recipe %s: set tokenizer (a tokenizer.json)'):format(cfg.name)) end
     for _, key in ipairs(PATH_KEYS) do

@@ -9,13 +9,11 @@
 
 lunar_status lunar_arena_new(lunar_ctx *ctx, lunar_arena **out, const char *name, lunar_device dev,
                              size_t capacity) {
+    if (lunar_ctx_check_device(ctx, dev) != LUNAR_OK) {
+        lunar_ctx_prefix_error(ctx, "arena '%s'", name ? name : "arena");
+        return lunar_ctx_status(ctx);
+    }
     const lunar_backend *be = lunar_ctx_backend(ctx, dev.type);
-    if (!be) return LUNAR_FAIL(ctx, LUNAR_ERR_DEVICE, "arena '%s': backend not built", name);
-    int count = 0;
-    LUNAR_TRY(be->device_count(ctx, &count));
-    if (dev.index < 0 || dev.index >= count)
-        return LUNAR_FAIL(ctx, LUNAR_ERR_DEVICE, "arena '%s': device %s:%d not available (%d found)", name,
-                          be->name, dev.index, count);
     lunar_arena *a = calloc(1, sizeof *a);
     if (!a) return LUNAR_FAIL(ctx, LUNAR_ERR_OOM, "arena '%s': out of host memory", name);
     snprintf(a->name, sizeof a->name, "%s", name ? name : "arena");

@@ -133,6 +133,45 @@ lunar_status lunar_ctx_pool(lunar_ctx *ctx, lunar_device dev, lunar_pool **out) 
 
 int lunar_ctx_cpu_device_count(const lunar_ctx *ctx) { return 1 + ctx->fake_cpu_devices; }
 
+int lunar_ctx_cuda_status(lunar_ctx *ctx, char *buf, size_t n) {
+    const lunar_backend *be = ctx->backends[LUNAR_DEVICE_CUDA];
+    int count = 0;
+    if (!be) {
+        snprintf(buf, n, "CUDA is not available: this lunar was built without CUDA (LUNAR_WITH_CUDA=OFF, or no nvcc)");
+        return 0;
+    }
+    if (be->device_count(ctx, &count) != LUNAR_OK) {
+        snprintf(buf, n, "CUDA is not available: %s", ctx->err);
+        lunar_ctx_clear_error(ctx);
+        return 0;
+    }
+    if (count > 0) {
+        snprintf(buf, n, "%d CUDA device%s", count, count == 1 ? "" : "s");
+        return count;
+    }
+    const char *why = be->device_count_error ? be->device_count_error(ctx) : "";
+    snprintf(buf, n, "CUDA is not available: %s", why && *why ? why : "the CUDA runtime found no device");
+    return 0;
+}
+
+lunar_status lunar_ctx_check_device(lunar_ctx *ctx, lunar_device dev) {
+    char d[32], why[512] = "";
+    lunar_device_format(dev, d, sizeof d);
+    const lunar_backend *be = lunar_ctx_backend(ctx, dev.type);
+    if (dev.type == LUNAR_DEVICE_CUDA && lunar_ctx_cuda_status(ctx, why, sizeof why) > 0) why[0] = 0;
+    if (!be) {
+        if (why[0]) return LUNAR_FAIL(ctx, LUNAR_ERR_DEVICE, "device %s not available: %s", d, why);
+        return LUNAR_FAIL(ctx, LUNAR_ERR_DEVICE, "device %s: this lunar was built without that backend", d);
+    }
+    int count = 0;
+    LUNAR_TRY(be->device_count(ctx, &count));
+    if (dev.index >= 0 && dev.index < count) return LUNAR_OK;
+    const char *hint = dev.type == LUNAR_DEVICE_CPU ? "; LUNAR_FAKE_CPU_DEVICES=n adds the debug devices cpu:1..cpu:n"
+                                                    : "";
+    return LUNAR_FAIL(ctx, LUNAR_ERR_DEVICE, "device %s not available (%d %s device%s found%s%s%s)", d, count, be->name,
+                      count == 1 ? "" : "s", hint, why[0] ? "; " : "", why);
+}
+
 lunar_transfer_stats lunar_ctx_transfer_stats(const lunar_ctx *ctx) { return ctx->transfers; }
 
 void lunar_ctx_count_transfer(lunar_ctx *ctx, int to_host, size_t nbytes) {

@@ -34,21 +34,8 @@ static size_t size_class(size_t n) {
 }
 
 lunar_status lunar_pool_new(lunar_ctx *ctx, lunar_device dev, lunar_pool **out) {
+    LUNAR_TRY(lunar_ctx_check_device(ctx, dev));
     const lunar_backend *be = lunar_ctx_backend(ctx, dev.type);
-    if (!be) {
-        char d[32];
-        lunar_device_format(dev, d, sizeof d);
-        return LUNAR_FAIL(ctx, LUNAR_ERR_DEVICE, "device %s: this lunar was built without that backend", d);
-    }
-    int count = 0;
-    LUNAR_TRY(be->device_count(ctx, &count));
-    if (dev.index < 0 || dev.index >= count) {
-        char d[32];
-        lunar_device_format(dev, d, sizeof d);
-        return LUNAR_FAIL(ctx, LUNAR_ERR_DEVICE, "device %s not available (%d %s device%s found%s)", d, count,
-                          be->name, count == 1 ? "" : "s",
-                          dev.type == LUNAR_DEVICE_CPU ? "; LUNAR_FAKE_CPU_DEVICES=n adds the debug devices cpu:1..cpu:n" : "");
-    }
     lunar_pool *p = calloc(1, sizeof *p);
     if (!p) return LUNAR_FAIL(ctx, LUNAR_ERR_OOM, "out of host memory for a pool");
     p->device = dev;

@@ -547,6 +547,16 @@ static int l_cuda_built(lua_State *L) {
     return 1;
 }
 
+/* core.cuda_status() -> available, message: "N CUDA device(s)", or "CUDA is not available: "
+ * and why (a build without CUDA, or the CUDA runtime's error) */
+static int l_cuda_status(lua_State *L) {
+    char buf[512];
+    int n = lunar_ctx_cuda_status(lunar_lua_ctx(L), buf, sizeof buf);
+    lua_pushboolean(L, n > 0);
+    lua_pushstring(L, buf);
+    return 2;
+}
+
 static int l_pool_stats(lua_State *L) {
     lunar_ctx *ctx = lunar_lua_ctx(L);
     lunar_device dev = lunar_lua_opt_device(L, 1, CPU);
@@ -635,7 +645,7 @@ static const luaL_Reg core_funcs[] = {
     {"same_storage", l_same_storage}, {"broadcast_shape", l_broadcast_shape},
     {"scope_push", l_scope_push}, {"scope_pop", l_scope_pop}, {"scope_keep", l_scope_keep},
     {"scope_depth", l_scope_depth}, {"persist", l_persist}, {"threads", l_threads}, {"device_count", l_device_count},
-    {"cuda_built", l_cuda_built}, {"pool_stats", l_pool_stats}, {"transfer_stats", l_transfer_stats},
+    {"cuda_built", l_cuda_built}, {"cuda_status", l_cuda_status}, {"pool_stats", l_pool_stats}, {"transfer_stats", l_transfer_stats},
     {"device_name", l_device_name}, {"pool_trim", l_pool_trim},
     {"synchronize", l_synchronize}, {"sync_check", l_sync_check}, {"check_each_op", l_check_each_op},
     {"user_where", l_user_where},

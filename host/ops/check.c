@@ -32,20 +32,19 @@ lunar_status lunar_range_error_fail(lunar_ctx *ctx, const lunar_range_error *e, 
 }
 
 lunar_status lunar_sync_check(lunar_ctx *ctx, lunar_device dev) {
-    const lunar_backend *be = lunar_ctx_backend(ctx, dev.type);
-    char d[32];
-    lunar_device_format(dev, d, sizeof d);
-    if (!be) return LUNAR_FAIL(ctx, LUNAR_ERR_DEVICE, "sync_check: device %s: this lunar was built without that backend", d);
+    if (lunar_ctx_check_device(ctx, dev) != LUNAR_OK) {
+        lunar_ctx_prefix_error(ctx, "sync_check");
+        return lunar_ctx_status(ctx);
+    }
     if (lunar_device_is_host(dev)) return LUNAR_OK;   /* the host raised every bad index at its op */
+    const lunar_backend *be = lunar_ctx_backend(ctx, dev.type);
     lunar_range_error e;
     int found = 0;
     if (dev.type == LUNAR_DEVICE_CPU) {
-        if (dev.index < 0 || dev.index >= lunar_ctx_cpu_device_count(ctx))
-            return LUNAR_FAIL(ctx, LUNAR_ERR_DEVICE, "sync_check: device %s not available", d);
         /* the debug devices: the values were checked on the host when the op ran (index.c) */
         found = lunar_ctx_take_range_error(ctx, dev, &e);
     } else {
-        if (!be->take_range_error) return LUNAR_FAIL(ctx, LUNAR_ERR_UNSUPPORTED, "sync_check: %s has no range record", d);
+        if (!be->take_range_error) return LUNAR_FAIL(ctx, LUNAR_ERR_UNSUPPORTED, "sync_check: %s has no range record", be->name);
         LUNAR_TRY(be->take_range_error(ctx, dev.index, &e, &found));
     }
     lunar_ctx_count_transfer(ctx, 1, sizeof(int64_t) * 4);   /* the record: op, position, value, range */

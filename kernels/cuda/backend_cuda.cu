@@ -1,7 +1,11 @@
 // backend_cuda.cu: the CUDA backend table, device state and memory functions.
 //
 // A machine without a driver (the development machines) reports 0 devices rather than an
-// error, so lunar runs there on CPU and says "device cuda:0 not available (0 cuda devices found)".
+// error, so lunar runs there on CPU. The runtime's reason is kept (a missing driver, one too old
+// for this runtime, no device) and every message that says CUDA is not available gives it:
+// "device cuda:0 not available (0 cuda devices found; CUDA is not available: cudaGetDeviceCount:
+// CUDA driver version is insufficient for CUDA runtime version (cudaErrorInsufficientDriver))".
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,12 +28,22 @@ static lunar_status cuda_device_count(lunar_ctx *ctx, int *count) {
     if (!s) return LUNAR_FAIL(ctx, LUNAR_ERR_OOM, "cuda: out of host memory");
     if (s->count < 0) {
         int n = 0;
-        if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;   // no driver or no device
-        cudaGetLastError();                                 // clear the sticky "no device" error
+        cudaError_t e = cudaGetDeviceCount(&n);
+        if (e != cudaSuccess) {   // no driver, a driver too old for this runtime, no device, ...
+            n = 0;
+            snprintf(s->count_error, sizeof s->count_error, "cudaGetDeviceCount: %s (%s)", cudaGetErrorString(e),
+                     cudaGetErrorName(e));
+        }
+        cudaGetLastError();       // clear the sticky error
         s->count = n > LUNAR_MAX_CUDA_DEVICES ? LUNAR_MAX_CUDA_DEVICES : n;
     }
     *count = s->count;
     return LUNAR_OK;
+}
+
+static const char *cuda_device_count_error(lunar_ctx *ctx) {
+    lunar_cuda_state *s = cuda_state(ctx);
+    return s ? s->count_error : "";
 }
 
 // Releases what device_init created (the device is current); safe on a partial init.
@@ -58,8 +72,11 @@ extern "C" lunar_status lunar_cuda_device_get(lunar_ctx *ctx, int device, lunar_
     int count = 0;
     lunar_status st = cuda_device_count(ctx, &count);
     if (st != LUNAR_OK) return st;
-    if (device < 0 || device >= count)
-        return LUNAR_FAIL(ctx, LUNAR_ERR_DEVICE, "device cuda:%d not available (%d cuda devices found)", device, count);
+    if (device < 0 || device >= count) {
+        const char *why = cuda_state(ctx)->count_error;
+        return LUNAR_FAIL(ctx, LUNAR_ERR_DEVICE, "device cuda:%d not available (%d cuda devices found%s%s)", device,
+                          count, *why ? "; CUDA is not available: " : "", why);
+    }
     lunar_cuda_device *d = &cuda_state(ctx)->dev[device];
     LUNAR_CUDA_CHECK(ctx, cudaSetDevice(device));
     if (!d->ready) {
@@ -142,6 +159,7 @@ static lunar_backend make_cuda_backend(void) {
     b.device_type = LUNAR_DEVICE_CUDA;
     b.float_dtypes = (1u << LUNAR_DTYPE_F32) | (1u << LUNAR_DTYPE_BF16) | (1u << LUNAR_DTYPE_F16);
     b.device_count = cuda_device_count;
+    b.device_count_error = cuda_device_count_error;
     b.alloc = cuda_alloc;
     b.free = cuda_free;
     b.copy_to_host = cuda_copy_to_host;

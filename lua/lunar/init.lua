@@ -83,6 +83,10 @@ function lunar.clock() return core.clock() end
 function lunar.threads(n) return core.threads(n) end
 function lunar.device_count(kind) return core.device_count(kind or 'cuda') end
 function lunar.cuda_built() return core.cuda_built() end
+-- available, message: (true, '2 CUDA devices') or (false, 'CUDA is not available: ' .. why), why
+-- being a build without CUDA or the CUDA runtime's own error (no driver, a driver too old for
+-- the runtime, no device); device_count('cuda') is 0 then
+function lunar.cuda_status() return core.cuda_status() end
 -- waits for the device's queued work, then checks it as lunar.sync_check does
 function lunar.synchronize(device) core.synchronize(device) end
 -- A check point: an index op on a device (cuda, the debug devices cpu:N) does not stop to read

@@ -18,8 +18,9 @@ end
 
 -- For tests that need a GPU: exits with 77 (ctest's "skipped") when there is no CUDA device.
 function M.require_cuda()
-    if require('lunar').device_count('cuda') == 0 then
-        print('no CUDA device: skipped')
+    local ok, why = require('lunar').cuda_status()
+    if not ok then
+        print(why .. ': skipped')
         os.exit(77)
     end
 end

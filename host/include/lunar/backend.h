@@ -32,6 +32,9 @@ struct lunar_backend {
 
     /* devices and memory */
     lunar_status (*device_count)(lunar_ctx *ctx, int *count);
+    /* after device_count: why it found no device, as the runtime said ("" when it said nothing,
+     * e.g. a machine with devices); NULL for a backend that always has its devices */
+    const char  *(*device_count_error)(lunar_ctx *ctx);
     lunar_status (*alloc)(lunar_ctx *ctx, int device, size_t nbytes, void **out);
     void         (*free)(lunar_ctx *ctx, int device, void *ptr);
     lunar_status (*copy_to_host)(lunar_ctx *ctx, int device, void *dst, const void *src, size_t n);

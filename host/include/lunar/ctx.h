@@ -87,6 +87,14 @@ lunar_status lunar_ctx_pool(lunar_ctx *ctx, lunar_device dev, lunar_pool **out);
 /* Number of CPU devices: 1, plus the debug devices of LUNAR_FAKE_CPU_DEVICES (see above). */
 int  lunar_ctx_cpu_device_count(const lunar_ctx *ctx);
 
+/* Whether CUDA has a device: the number found (0 when none), and in buf, when none, why: "CUDA is
+ * not available: " and the reason (this lunar was built without CUDA, or the CUDA runtime's error,
+ * such as a missing driver or one too old for the runtime); else "N CUDA device(s)". */
+int  lunar_ctx_cuda_status(lunar_ctx *ctx, char *buf, size_t n);
+/* LUNAR_OK when device dev exists; else fails naming it, how many of its kind were found and,
+ * for CUDA, why it has none (lunar_ctx_cuda_status). */
+lunar_status lunar_ctx_check_device(lunar_ctx *ctx, lunar_device dev);
+
 /* Transfers between the host and a device (cuda:N, or the debug devices cpu:N, N >= 1): copies
  * of tensors across devices and element reads and writes (get, set, item, tolist). Each is a
  * synchronisation point on a GPU, so a count that grows with the number of ops in a training
