@@ -109,12 +109,14 @@ T:test('embedding, index_select, index_add_, gather, scatter_, scatter_add_', fu
             T.close(zg:cpu(), zc, tol(dt, {rtol = 1e-5, atol = 1e-5}, dt .. (acc and ' scatter_add_' or ' scatter_')))
         end
     end
-    -- out-of-range values are caught on the device
+    -- out-of-range values are caught on the device and raised at the next check point
+    -- (tests/gpu/test_gpu_device_checks.lua has the details)
     local w = lunar.randn(10, 4):to('cuda')
-    T.raises(function() ops.embedding(lunar.tensor({1, 10}, 'i64'):to('cuda'), w) end, 'embedding_forward: index 10')
-    T.raises(function() ops.gather(w, 1, lunar.tensor({{0}, {-1}}, 'i64'):to('cuda')) end, 'gather: index -1')
-    T.raises(function() lunar.zeros(3):to('cuda'):scatter_add_(1, lunar.tensor({5}, 'i64'):to('cuda'),
-        lunar.ones(1):to('cuda')) end, 'scatter_add: index 5')
+    local function checked(fn) return function() fn(); lunar.sync_check('cuda') end end
+    T.raises(checked(function() ops.embedding(lunar.tensor({1, 10}, 'i64'):to('cuda'), w) end), 'embedding_forward: index 10')
+    T.raises(checked(function() ops.gather(w, 1, lunar.tensor({{0}, {-1}}, 'i64'):to('cuda')) end), 'gather: index -1')
+    T.raises(checked(function() lunar.zeros(3):to('cuda'):scatter_add_(1, lunar.tensor({5}, 'i64'):to('cuda'),
+        lunar.ones(1):to('cuda')) end), 'scatter_add: index 5')
 end)
 
 T:test('adamw: f32 param, bf16 param with f32 master and bf16 grad', function()
