@@ -1,11 +1,11 @@
 #!/bin/sh
-# tests/gpu/fetch_deps.sh: downloads (here, on the Debian 12 development machine) the .deb files
-# that the GPU machine lacks to build and run lunar: LuaJIT, cJSON, PCRE2 and the OpenMP build of
-# OpenBLAS (runtime and -dev packages), and the GCC runtime libraries OpenBLAS needs
+# tests/gpu/fetch_deps.sh: downloads (on a Debian 12 machine with network access) the .deb files
+# that a bare CUDA image lacks to build and run lunar: LuaJIT, cJSON, PCRE2 and the OpenMP build
+# of OpenBLAS (runtime and -dev packages), and the GCC runtime libraries OpenBLAS needs
 # (libgfortran5, libquadmath0, libgomp1) in case that image has none. They land in .gpudeps/ at
-# the repository root (ignored by git, about 14 MiB); the device tool carries the folder when
-# the run call names it in `carry`, and tests/gpu/run.sh unpacks them into a private prefix with
-# `dpkg -x` when the machine lacks the libraries. Nothing is installed here.
+# the repository root (ignored by git, about 14 MiB); copy the folder to the GPU machine with the
+# checkout, and tests/gpu/run.sh unpacks them into a private prefix with `dpkg -x` when the
+# machine lacks the libraries. Nothing is installed here.
 #
 # Usage: sh tests/gpu/fetch_deps.sh        (needs apt's package lists: apt-get update once)
 # MPI and readline are left out on purpose: lunar builds without them (a one-rank world, a REPL

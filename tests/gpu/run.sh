@@ -7,22 +7,18 @@
 # failed build); a summary ends the log. Exit status: 1 when any step failed, 2 when steps were
 # left out because the time budget ran out (nothing failed), else 0.
 #
-# ---- what a session with a GPU does --------------------------------------------------------
-#   1. here, in the checkout the session was started in (the device tool sends that checkout,
-#      not a helper's worktree), once:    sh tests/gpu/fetch_deps.sh
+# ---- running it ---------------------------------------------------------------------------------
+#   1. on a machine with network access, in the checkout, once:    sh tests/gpu/fetch_deps.sh
 #      (apt-get download of LuaJIT, cJSON, OpenBLAS and GCC runtime .debs into .gpudeps/,
-#      about 13 MiB; it is in .gitignore, so it travels only when carried)
-#   2. one call of the device tool:
-#        run(command="bash tests/gpu/run.sh", carry=[".gpudeps"], timeout_s=540)
+#      about 13 MiB; it is in .gitignore, so copy it along with the checkout when the GPU machine
+#      has no network)
+#   2. on the GPU machine, in a copy of the checkout with .gpudeps/:    bash tests/gpu/run.sh
 #      The script keeps itself within LUNAR_GPU_BUDGET_S (default 420 s; steps that would not
-#      fit are reported as skipped), so timeout_s is a backstop. Expect 3-5 minutes plus the
-#      machine's start; that leaves room in the 15 device minutes for one short follow-up call
-#      on the warm machine (the build dir stays there, so a rerun only rebuilds what changed).
-#      Call give_back afterwards unless rerunning at once.
-#   3. the results come back as files (under the reply's files_at): run.log (everything: the
-#      machine, configure, build, every test's output), summary.txt (one line per step),
-#      bench_gpu.txt and bench_torch.txt. The reply's output_tail ends with the summary.
-#      Without $OUT (outside the device tool) the files go to build-gpu/out/.
+#      fit are reported as skipped). Expect 3-5 minutes on an H100/H200-class machine; the build
+#      dir stays, so a rerun only rebuilds what changed.
+#   3. the results are files in $OUT: run.log (everything: the machine, configure, build, every
+#      test's output), summary.txt (one line per step), bench_gpu.txt and bench_torch.txt; the
+#      summary also ends the output. Without $OUT the files go to build-gpu/out/.
 # To check the flow without a GPU: LUNAR_FORCE_DEPS_PREFIX=1 JOBS=2 bash tests/gpu/run.sh (the
 # GPU steps skip); with LUNAR_GPU_DRY_RUN=1 as well, the new GPU tests and the benchmark run
 # with the CPU standing in for the GPU.
