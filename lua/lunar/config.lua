@@ -54,29 +54,7 @@ end
 
 -- The overrides given on the command line, nested.
 function M.overrides()
-    -- msg without the "file:line: " prefixes that say where in lunar an error was raised (a user
--- error names the setting instead)
-function M.strip_where(msg)
-    msg = tostring(msg)
-    while true do
-        local rest = msg:match('^[^%s]-:%d+: (.*)$')
-        if not rest then return msg end
-        msg = rest
-    end
-end
-
--- setting_error(context, fn, ...) -> fn(...); an error becomes a user error (one line, no
--- traceback: core.user_error) that starts with context, the setting it comes from
--- ("model.path=/ckpt"). Under lunar --traceback or --repl-on-error it passes unchanged, with
--- its stack.
-function M.setting_error(context, fn, ...)
-    if core.errors_debugged() then return fn(...) end
-    local res = {pcall(fn, ...)}
-    if not res[1] then core.user_error(context .. ': ' .. M.strip_where(res[2])) end
-    return unpack(res, 2, table.maxn(res))
-end
-
-return M.parse(core.overrides())
+    return M.parse(core.overrides())
 end
 
 -- Merge overrides into defaults (a copy is returned). A key that defaults does not have is an
