@@ -42,7 +42,7 @@ local function check_nonneg_int(v, what)
     return v
 end
 
--- Fisher-Yates with j drawn from u in [0, 1): j = floor(u * i) + 1 in 1..i
+-- the documents 1..n in the order of epoch `epoch` (pack.shuffle_in_place on stream (seed, epoch))
 function M.permutation(n, seed, epoch)
     check_nonneg_int(n, 'permutation: n')
     check_nonneg_int(seed or 0, 'permutation: seed')
@@ -50,18 +50,7 @@ function M.permutation(n, seed, epoch)
     local perm = {}
     for i = 1, n do perm[i] = i end
     if n < 2 then return perm end
-    local r = lunar_core.rng_new(seed or 0):split('data order'):split(epoch or 0)
-    local u = r:uniform_(lunar_core.empty({n - 1}, 'f64'), 0, 1)
-    local draws = u:tolist_flat()
-    u:free()
-    local k = 0
-    for i = n, 2, -1 do
-        k = k + 1
-        local j = math.floor(draws[k] * i) + 1
-        if j > i then j = i end
-        perm[i], perm[j] = perm[j], perm[i]
-    end
-    return perm
+    return pack.shuffle_in_place(perm, lunar_core.rng_new(seed or 0):split('data order'):split(epoch or 0))
 end
 
 -- the same shuffle for the rows of an epoch, on its own stream
@@ -69,17 +58,7 @@ local function row_order(n, seed, epoch, shuffle)
     local order = {}
     for i = 1, n do order[i] = i end
     if not shuffle or n < 2 then return order end
-    local r = lunar_core.rng_new(seed):split('row order'):split(epoch)
-    local u = r:uniform_(lunar_core.empty({n - 1}, 'f64'), 0, 1)
-    local draws = u:tolist_flat()
-    u:free()
-    local k = 0
-    for i = n, 2, -1 do
-        k = k + 1
-        local j = math.min(math.floor(draws[k] * i) + 1, i)
-        order[i], order[j] = order[j], order[i]
-    end
-    return order
+    return pack.shuffle_in_place(order, lunar_core.rng_new(seed):split('row order'):split(epoch))
 end
 
 local Loader = {}

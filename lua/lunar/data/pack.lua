@@ -61,6 +61,24 @@ local PACKING = {bfd = true, first_fit = true}
 M.PACKING = PACKING     -- the ways to fill rows
 M.DEFAULT_BUFFER = 10000   -- documents per best-fit-decreasing buffer
 
+-- shuffle_in_place(list, stream): Fisher-Yates on the stream's n - 1 f64 draws u in [0, 1),
+-- j = floor(u * i) + 1 in 1..i for i = n down to 2 (the loader's document and row orders and the
+-- packing buffers' rows all shuffle this way, so a given stream gives the same order anywhere)
+function M.shuffle_in_place(list, stream)
+    local n = #list
+    if n < 2 then return list end
+    local u = stream:uniform_(core.empty({n - 1}, 'f64'), 0, 1)
+    local draws = u:tolist_flat()
+    u:free()
+    local k = 0
+    for i = n, 2, -1 do
+        k = k + 1
+        local j = math.min(math.floor(draws[k] * i) + 1, i)
+        list[i], list[j] = list[j], list[i]
+    end
+    return list
+end
+
 local function posint(v, what)
     if type(v) ~= 'number' or v < 1 or v ~= math.floor(v) then
         fail(('packer: %s must be a positive integer, got %s'):format(what, tostring(v)))
@@ -228,20 +246,9 @@ local function best_fit_decreasing(plen, np, bfirst, T, m, seed, epoch)
             row[#row + 1] = p
             rooms:put(r, room - need)
         end
-        -- Fisher-Yates over the buffer's rows, on the buffer's own stream
-        local n = #brows
-        if n > 1 then
-            local u = stream:split(b - 1):uniform_(core.empty({n - 1}, 'f64'), 0, 1)
-            local draws = u:tolist_flat()
-            u:free()
-            local k = 0
-            for i = n, 2, -1 do
-                k = k + 1
-                local j = math.min(math.floor(draws[k] * i) + 1, i)
-                brows[i], brows[j] = brows[j], brows[i]
-            end
-        end
-        for i = 1, n do rows[#rows + 1] = brows[i] end
+        -- the buffer's rows shuffled on the buffer's own stream
+        if #brows > 1 then M.shuffle_in_place(brows, stream:split(b - 1)) end
+        for i = 1, #brows do rows[#rows + 1] = brows[i] end
     end
     return rows
 end

@@ -26,14 +26,8 @@ local IGNORED_KEYS = {['model.device'] = true, ['model.hf_id'] = true, ['model.s
     ['train.eval_batches'] = true, ['train.max_skipped_in_a_row'] = true}
 local PATH_KEYS = {tokenizer = true, ['model.path'] = true, ['data.train'] = true}
 
-local function number_string(v)
-    if v == math.floor(v) and math.abs(v) < 2 ^ 53 then return ('%d'):format(v) end
-    for p = 15, 17 do
-        local s = ('%.' .. p .. 'g'):format(v)
-        if tonumber(s) == v then return s end
-    end
-    return ('%.17g'):format(v)
-end
+-- the shortest decimal that reads back as the number
+local number_string = require('lunar.train.metrics').json_number
 
 local function is_list(t)
     if type(t) ~= 'table' then return false end
