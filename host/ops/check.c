@@ -14,7 +14,7 @@ lunar_status lunar_range_error_fail(lunar_ctx *ctx, const lunar_range_error *e, 
     char where[96] = "", note[256] = "";
     if (e->dim >= 0) snprintf(where, sizeof where, "dim %d (0-based)", e->dim);
     else snprintf(where, sizeof where, "the indexed dim");
-    if (deferred) {
+    if (deferred && !lunar_ctx_check_each_op(ctx)) {
         char d[32];
         lunar_device_format(dev, d, sizeof d);
         snprintf(note, sizeof note,

@@ -39,7 +39,9 @@ static int first_bad(lunar_prep *p, const lunar_tensor *idx, const lunar_tensor 
 
 /* The values of the prepared i64 index against n = data->shape[dim]: 1 when the kernel may run
  * (all in range, or a CUDA index, which the kernel checks); 0 when one is not: the host fails
- * (p->st), a debug device keeps the error for its next check point. */
+ * (p->st), a debug device keeps the error for its next check point. Called after every other
+ * preparation of the op, just before its kernel: an op that fails for another reason records no
+ * range error (as on CUDA, where no kernel would run). */
 static int range_ok(lunar_prep *p, const lunar_tensor *idx, const lunar_tensor *data, const char *role, int dim) {
     if (p->st) return 0;
     if (p->dev.type != LUNAR_DEVICE_CPU) return 1;
@@ -102,9 +104,10 @@ lunar_status lunar_embedding_forward(lunar_ctx *ctx, lunar_tensor *out, const lu
     lunar_dtype dt = prep_compute_dtype(&p, weight->dtype);
     lunar_tensor iw, ww, ow;
     prep_in(&p, &iw, ids, "ids", LUNAR_DTYPE_I64);
-    int ok = range_ok(&p, &iw, weight, "weight", 0);
     prep_in(&p, &ww, weight, "weight", dt);
     prep_out(&p, &ow, out, "out", dt, 0);
+    if (p.st) return prep_end(&p, p.st);
+    int ok = range_ok(&p, &iw, weight, "weight", 0);
     if (p.st) return prep_end(&p, p.st);
     return index_end(&p, ok ? p.be->embedding_forward(ctx, &ow, &iw, &ww) : p.be->fill(ctx, &ow, 0.0));
 }
@@ -124,9 +127,10 @@ lunar_status lunar_embedding_backward(lunar_ctx *ctx, lunar_tensor *dweight, con
     lunar_dtype dt = prep_compute_dtype(&p, dweight->dtype);
     lunar_tensor iw, dw, dow;
     prep_in(&p, &iw, ids, "ids", LUNAR_DTYPE_I64);
-    int ok = range_ok(&p, &iw, dweight, "dweight", 0);
     prep_in(&p, &dow, dout, "dout", dt);
     prep_out(&p, &dw, dweight, "dweight", dt, 1);
+    if (p.st) return prep_end(&p, p.st);
+    int ok = range_ok(&p, &iw, dweight, "dweight", 0);
     if (p.st) return prep_end(&p, p.st);
     return index_end(&p, ok ? p.be->embedding_backward(ctx, &dw, &dow, &iw) : LUNAR_OK);
 }
@@ -163,9 +167,10 @@ lunar_status lunar_index_select(lunar_ctx *ctx, lunar_tensor *out, const lunar_t
     lunar_dtype dt = prep_compute_dtype(&p, src->dtype);
     lunar_tensor iw, sw, ow;
     prep_in(&p, &iw, index, "index", LUNAR_DTYPE_I64);
-    int ok = range_ok(&p, &iw, src, "src", dim);
     prep_in(&p, &sw, src, "src", dt);
     prep_out(&p, &ow, out, "out", dt, 0);
+    if (p.st) return prep_end(&p, p.st);
+    int ok = range_ok(&p, &iw, src, "src", dim);
     if (p.st) return prep_end(&p, p.st);
     return index_end(&p, ok ? p.be->index_select(ctx, &ow, &sw, &iw, outer, n, inner) : p.be->fill(ctx, &ow, 0.0));
 }
@@ -187,9 +192,10 @@ lunar_status lunar_index_add(lunar_ctx *ctx, lunar_tensor *dst, int dim, const l
     lunar_dtype dt = prep_compute_dtype(&p, dst->dtype);
     lunar_tensor iw, sw, dw;
     prep_in(&p, &iw, index, "index", LUNAR_DTYPE_I64);
-    int ok = range_ok(&p, &iw, dst, "dst", dim);
     prep_in(&p, &sw, src, "src", dt);
     prep_out(&p, &dw, dst, "dst", dt, 1);
+    if (p.st) return prep_end(&p, p.st);
+    int ok = range_ok(&p, &iw, dst, "dst", dim);
     if (p.st) return prep_end(&p, p.st);
     return index_end(&p, ok ? p.be->index_add(ctx, &dw, &iw, &sw, alpha, outer, n, inner) : LUNAR_OK);
 }
@@ -248,9 +254,9 @@ lunar_status lunar_gather(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor 
     lunar_tensor sv, iw, sw, ow;
     narrow_to(&p, &sv, src, index, dim);
     prep_in(&p, &iw, index, "index", LUNAR_DTYPE_I64);
-    int ok = range_ok(&p, &iw, src, "src", dim);
     prep_in(&p, &sw, &sv, "src", dt);
     prep_out(&p, &ow, out, "out", dt, 0);
+    int ok = range_ok(&p, &iw, src, "src", dim);
     lunar_status st = p.st ? p.st
                       : ok ? p.be->gather(ctx, &ow, &sw, &iw, outer, n_data, n_idx, inner)
                            : p.be->fill(ctx, &ow, 0.0);
@@ -281,9 +287,9 @@ static lunar_status scatter_impl(lunar_ctx *ctx, const char *op, lunar_tensor *d
     narrow_to(&p, &dv, dst, index, dim);
     narrow_to(&p, &sv, src, index, -1);
     prep_in(&p, &iw, index, "index", LUNAR_DTYPE_I64);
-    int ok = range_ok(&p, &iw, dst, "dst", dim);
     prep_in(&p, &sw, &sv, "src", dt);
     prep_out(&p, &dw, &dv, "dst", dt, 1);
+    int ok = range_ok(&p, &iw, dst, "dst", dim);
     lunar_status st = p.st ? p.st
                       : ok ? p.be->scatter(ctx, &dw, &iw, &sw, outer, n_data, n_idx, inner, accumulate)
                            : LUNAR_OK;
@@ -317,6 +323,12 @@ lunar_status lunar_index_select_sum(lunar_ctx *ctx, lunar_tensor *out, const lun
     prep_expect_index(&p, index, "index");
     if (!p.st && src->ndim != 2) shape_fail(&p, "src must be 2-dim (rows, C)", src, "src", index, "index");
     if (!p.st && index->ndim != 2) shape_fail(&p, "index must be 2-dim (N, K)", index, "index", src, "src");
+    /* one dtype: a device computing in out's dtype would round a wider src before the sum, where
+     * the CPU rounds once */
+    if (!p.st && src->dtype != out->dtype)
+        p.st = LUNAR_FAIL(ctx, LUNAR_ERR_DTYPE, "index_select_sum: src '%s' is %s but out '%s' is %s: give both one dtype",
+                          lunar_tensor_label(src), lunar_dtype_name(src->dtype), lunar_tensor_label(out),
+                          lunar_dtype_name(out->dtype));
     if (!p.st) {
         int64_t want[2] = {index->shape[0], src->shape[1]};
         prep_expect_shape(&p, out, "out", 2, want);
@@ -326,11 +338,13 @@ lunar_status lunar_index_select_sum(lunar_ctx *ctx, lunar_tensor *out, const lun
     lunar_dtype dt = prep_compute_dtype(&p, out->dtype);
     lunar_tensor iw, sw, ow;
     prep_in(&p, &iw, index, "index", LUNAR_DTYPE_I64);
-    int ok = range_ok(&p, &iw, src, "src", 0);
     prep_in(&p, &sw, src, "src", dt);
     prep_out(&p, &ow, out, "out", dt, accumulate);
     if (p.st) return prep_end(&p, p.st);
+    /* nothing to sum: no kernel runs on any device, so none checks the index either */
     if (lunar_tensor_numel(out) == 0) return prep_end(&p, LUNAR_OK);
+    int ok = range_ok(&p, &iw, src, "src", 0);
+    if (p.st) return prep_end(&p, p.st);
     if (!ok) return index_end(&p, accumulate ? LUNAR_OK : p.be->fill(ctx, &ow, 0.0));
     return index_end(&p, p.be->index_select_sum(ctx, &ow, &sw, &iw, accumulate));
 }
@@ -346,9 +360,17 @@ lunar_status lunar_bincount(lunar_ctx *ctx, lunar_tensor *counts, const lunar_te
     if (p.st) return prep_end(&p, p.st);
     lunar_tensor vw, cw;
     prep_in(&p, &vw, values, "values", LUNAR_DTYPE_I64);
-    int ok = range_ok(&p, &vw, counts, "counts", 0);
     prep_out(&p, &cw, counts, "counts", LUNAR_DTYPE_I64, 0);
     if (p.st) return prep_end(&p, p.st);
-    if (lunar_tensor_numel(counts) == 0) return prep_end(&p, LUNAR_OK);
+    if (lunar_tensor_numel(counts) == 0) {
+        /* no bin: every value is out of range, on every device, without looking at them */
+        if (lunar_tensor_numel(values) > 0)
+            return prep_end(&p, LUNAR_FAIL(ctx, LUNAR_ERR_ARG, "bincount: values '%s' has %lld entries but counts '%s' "
+                                           "has no bin to count them in", lunar_tensor_label(values),
+                                           (long long)lunar_tensor_numel(values), lunar_tensor_label(counts)));
+        return prep_end(&p, LUNAR_OK);
+    }
+    int ok = range_ok(&p, &vw, counts, "counts", 0);
+    if (p.st) return prep_end(&p, p.st);
     return index_end(&p, ok ? p.be->bincount(ctx, &cw, &vw) : p.be->fill(ctx, &cw, 0.0));
 }

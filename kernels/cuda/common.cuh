@@ -84,7 +84,15 @@ static inline unsigned lunar_cuda_grid(int64_t n, int block = LUNAR_CUDA_BLOCK) 
 
 __host__ __device__ __forceinline__ float lunar_to_f32(float v) { return v; }
 __host__ __device__ __forceinline__ float lunar_to_f32(__nv_bfloat16 v) { return lunar_bf16_to_f32(__bfloat16_as_ushort(v)); }
-__host__ __device__ __forceinline__ float lunar_to_f32(__half v) { return lunar_f16_to_f32(__half_as_ushort(v)); }
+__host__ __device__ __forceinline__ float lunar_to_f32(__half v) {
+#ifdef __CUDA_ARCH__
+    // every finite f16 is an f32, so the hardware conversion is exact and gives the same bits
+    // (about 18 instructions where lunar's takes 67, inside attention's inner loops); only
+    // infinities and NaNs (exponent 31) take lunar's path, which keeps the NaN's payload
+    if ((__half_as_ushort(v) & 0x7c00u) != 0x7c00u) return __half2float(v);
+#endif
+    return lunar_f16_to_f32(__half_as_ushort(v));
+}
 
 template <typename T> __host__ __device__ __forceinline__ T lunar_from_f32(float v);
 template <> __host__ __device__ __forceinline__ float lunar_from_f32<float>(float v) { return v; }

@@ -31,7 +31,9 @@ lunar_status lunar_cuda_range_init(lunar_ctx *ctx, lunar_cuda_device *d) {
     if (!d->range) return LUNAR_FAIL(ctx, LUNAR_ERR_OOM, "cuda: out of host memory for the index range record");
     d->range->next = 1;
     LUNAR_CUDA_CHECK(ctx, cudaMalloc(&d->range->rec, sizeof(lunar_range_record)));
-    LUNAR_CUDA_CHECK(ctx, cudaMemset(d->range->rec, 0, sizeof(lunar_range_record)));
+    /* on the device's own stream: it does not wait for the legacy default stream, so a plain
+     * cudaMemset would not be ordered before the first index kernel */
+    LUNAR_CUDA_CHECK(ctx, cudaMemsetAsync(d->range->rec, 0, sizeof(lunar_range_record), d->stream));
     return LUNAR_OK;
 }
 

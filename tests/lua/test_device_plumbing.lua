@@ -361,6 +361,11 @@ T:test('index range errors: at the op on cpu; on cpu:1 at the next check point, 
         case[2]()
         T.raises(function() lunar.sync_check(DEV) end, case[1] .. ': index 9')
     end
+    -- an op that fails for another reason (here an out it cannot write) records no range error, as
+    -- on CUDA, where its kernel would never run
+    T.raises(function() ops.index_select(d, 1, di, {out = lunar.zeros(1, 3, {device = DEV}):expand(3, 3)}) end,
+        'cannot be written')
+    lunar.sync_check(DEV)
     -- lunar.synchronize is a check point too
     ops.index_select(d, 1, di)
     T.raises(function() lunar.synchronize(DEV) end, want)
@@ -369,6 +374,7 @@ T:test('index range errors: at the op on cpu; on cpu:1 at the next check point, 
     local ok, e2 = pcall(ops.index_select, d, 1, di)
     lunar.check_each_op(false)
     assert(not ok and tostring(e2):find(want, 1, true), tostring(e2))
+    assert(not tostring(e2):find('LUNAR_CHECK_EACH_OP=1 reports', 1, true), 'no advice to turn on what is on: ' .. tostring(e2))
     lunar.sync_check(DEV)
 end)
 

@@ -426,6 +426,9 @@ T:test('index_select_sum: each row of index summed in k order, the bits of index
     T.raises(function() ops.index_select_sum(s2, i2, {out = lunar.zeros(4, 4)}) end, 'has shape (4, 4), expected (4, 5)')
     T.raises(function() ops.index_select_sum(s2, i2, {accumulate = true}) end, 'accumulate = true needs out =')
     T.raises(function() ops.index_select_sum(s2, lunar.zeros(4, 2)) end, 'must be i32 or i64, not f32')
+    -- one dtype for src and out: a device summing in out's dtype would round an f32 src first
+    T.raises(function() ops.index_select_sum(s2, i2, {out = lunar.zeros(4, 5, {dtype = 'bf16'})}) end,
+        "is f32 but out 'tensor' is bf16: give both one dtype")
 end)
 
 T:test('bincount: how often each value occurs, any shape, i32 and i64; values outside the bins are errors', function()
@@ -447,6 +450,9 @@ T:test('bincount: how often each value occurs, any shape, i32 and i64; values ou
     T.raises(function() ops.bincount(lunar.tensor({0, 5}, 'i64'), 5) end,
         "bincount: index 5 (at flat position 1 of the index) out of range: counts 'tensor' has 5 entries")
     T.raises(function() ops.bincount(lunar.tensor({-2}, 'i32'), 5) end, 'bincount: index -2')
+    -- no bin at all: every value is out of range (no kernel would look at them on a device)
+    T.raises(function() ops.bincount(lunar.tensor({0, 1}, 'i64'), 0) end, 'has 2 entries but counts')
+    T.equal(ops.bincount(lunar.zeros(0, 'i64'), 0):numel(), 0, 'no value, no bin')
     T.raises(function() ops.bincount(lunar.tensor({0}, 'i64'), 2.5) end, 'bins must be a non-negative integer')
     T.raises(function() ops.bincount(lunar.tensor({0.0}), 3) end, "values 'tensor' (1) must be i32 or i64, not f32")
     T.raises(function() ops.bincount(lunar.tensor({0}, 'i64'), 3, {out = lunar.zeros(3)}) end,

@@ -42,8 +42,10 @@ lunar_status lunar_synchronize(lunar_ctx *ctx, lunar_device dev);
  * device that would take a read of device memory, a synchronisation, per op; so there the op
  * skips the bad values (its output is unspecified until the error is raised: CUDA gathers write
  * 0 for them, the debug devices skip the whole kernel) and the device records the first one:
- * CUDA kernels in a per-device record, the debug devices cpu:N in the context (ctx.h). A check
- * point raises it:
+ * CUDA kernels in a per-device record, the debug devices cpu:N in the context (ctx.h). "First"
+ * is the first op in stream order; within one op with several bad values, the CPU and cpu:N
+ * report the lowest position, CUDA whichever thread claimed the record first (the op is right,
+ * the value and position may differ from run to run). A check point raises it:
  *   lunar_sync_check(dev) reads and clears the record (one read, counted as a transfer; a no-op
  *   on the host) and fails with the op, the tensor, the value, its position and the valid
  *   range. lunar_synchronize, a model forward that reads its loss and the optimizer step call
