@@ -1,5 +1,6 @@
 /* lua_rng.c: random streams from Lua: lunar.rng(seed), r:split(id), r:uniform_(t, lo, hi),
- * r:normal_(t, mean, std), r:randint_(t, lo, hi), r:state() / r:set_state(s) for checkpoints. */
+ * r:normal_(t, mean, std), r:randint_(t, lo, hi), r:uniform_at(i), r:state() / r:set_state(s)
+ * for checkpoints. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,6 +69,18 @@ static int l_uniform(lua_State *L) { return fill(L, 0); }
 static int l_normal(lua_State *L) { return fill(L, 1); }
 static int l_randint(lua_State *L) { return fill(L, 2); }
 
+/* r:uniform_at(i) -> the number in [0, 1) that element i (0-based) of r:uniform_ into an f64
+ * tensor would be now (53 bits of philox(key, counter + i)); r does not advance. One draw at a
+ * chosen place of a stream, with no tensor: the sampler's draw for a token position. */
+static int l_uniform_at(lua_State *L) {
+    lunar_rng *r = lunar_lua_check_rng(L, 1);
+    uint64_t i = check_u64(L, 2);
+    uint32_t w[4];
+    lunar_philox_element(r->key, r->counter + i, w);
+    lua_pushnumber(L, lunar_rng_u01(w[0], w[1]));
+    return 1;
+}
+
 /* r:state() -> "key:counter" in hex (exact, for checkpoints) */
 static int l_state(lua_State *L) {
     lunar_rng *r = lunar_lua_check_rng(L, 1);
@@ -96,7 +109,7 @@ static int l_tostring(lua_State *L) {
 
 static const luaL_Reg rng_methods[] = {
     {"split", l_split}, {"uniform_", l_uniform}, {"normal_", l_normal}, {"randint_", l_randint},
-    {"state", l_state}, {"set_state", l_set_state},
+    {"uniform_at", l_uniform_at}, {"state", l_state}, {"set_state", l_set_state},
     {NULL, NULL},
 };
 
