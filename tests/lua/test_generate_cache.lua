@@ -6,7 +6,7 @@
 --   lengths, prefilled together: at every step the logits are within 1e-5 of the largest |logit|
 --   of a full forward of the whole sequence without a cache, and the tokens are its argmax; the
 --   prompts' own logits (prefill's all_logits) likewise; the routed experts of every token equal
---   the full forward's, in the form routing replay takes.
+--   the full forward's, and a forward replaying them (batch.routing, R3) gives the same logits.
 --   Bytes per token: GLM-5 (kv_lora_rank + qk_rope_head_dim + index_head_dim on full-indexer
 --   layers) x 4 per layer, GLM-4.x 2 x heads x head_dim x 4 per layer.
 --   Freed blocks reused in another order give bit-identical logits; fork shares a prompt; a decode
@@ -103,18 +103,26 @@ local function check_against_full(model, prompts, res, what)
                 what, i, s, res[i].tokens[s], argmax(ref)))
         end
         -- routing: the tokens of the full forward (all but the last generated one, never fed)
+        local replay = {}
         for layer, r in pairs(out.routing) do
             local ref = r.idx
             local got = res[i].routing[layer]
             assert(got and #got == ref:size(1), ('%s: routing of layer %d: %s rows, expected %d'):format(
                 what, layer, got and #got or 'no', ref:size(1)))
             for j = 1, ref:size(1) do
-                local a, b = got[j], ref:select(1, j):tolist_flat()
+                local a, b = {unpack(got[j])}, ref:select(1, j):tolist_flat()
                 table.sort(a); table.sort(b)
                 assert(table.concat(a, ',') == table.concat(b, ','), ('%s: sequence %d token %d layer %d: experts {%s}, full forward {%s}'):format(
                     what, i, j, layer, table.concat(a, ','), table.concat(b, ',')))
             end
+            local rows = {}
+            for j = 1, #got do for _, e in ipairs(got[j]) do rows[#rows + 1] = e end end
+            replay[layer] = lunar.tensor(rows, {dtype = 'i64'}):view(#got, ref:size(2))
         end
+        -- and the recorded ids are what routing replay (R3) takes: the replayed forward is the same
+        local rep = model:forward({input_ids = lunar.tensor(full, {dtype = 'i64'}):view(1, #full), routing = replay},
+            {keep = false})
+        assert(rel_err(rep.logits:select(1, 1), L) <= 1e-6, what .. ': the forward replaying the recorded routing differs')
     end
     return worst
 end
