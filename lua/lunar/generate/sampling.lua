@@ -53,7 +53,8 @@
 --
 -- Cost: a few passes over (B, V) in f32, on the logits' device; one host-to-device copy of a
 -- (B, 7) table of per-row values and no read back. A top-k row adds a top-k of the largest k in
--- the batch; a top-p row adds a full sort of every row and a scatter back to vocabulary order.
+-- the batch; a top-p row adds a full sort of every row and a scatter back to vocabulary order;
+-- a batch of greedy rows only is one argmax (the same tokens and logprobs as the full steps).
 -- Logits with NaN give unspecified tokens (nothing reads the logits back to check them).
 local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
@@ -155,7 +156,7 @@ local NCOL = 7
 
 local function row_values(params, positions, B, V)
     local flat = {}
-    local kmax, any_k, any_p, any_min_p = 0, false, false, false
+    local kmax, any_k, any_p, any_min_p, all_greedy = 0, false, false, false, true
     for b = 1, B do
         local p = params[b]
         if getmetatable(p) ~= Params then
@@ -184,9 +185,10 @@ local function row_values(params, positions, B, V)
             any_min_p = any_min_p or p.min_p > 0
             flat[o + COL_U] = math.floor(p.stream:uniform_at(pos) * U24) / U24
             flat[o + COL_GREEDY] = 0
+            all_greedy = false
         end
     end
-    return flat, {kmax = kmax, any_k = any_k, any_p = any_p, any_min_p = any_min_p}
+    return flat, {kmax = kmax, any_k = any_k, any_p = any_p, any_min_p = any_min_p, all_greedy = all_greedy}
 end
 
 -- the column c of the (B, NCOL) table as a (B, 1) tensor of dtype dt
@@ -267,6 +269,15 @@ function M.sample(logits, params, positions, opts)
     local x = logits:to('f32')
     local s = ops.div(x, column(P, COL_T, 'f32'))            -- the temperature-scaled logits
     if x ~= logits then x:free() end
+    if any.all_greedy then
+        -- argmax picks the token the draw below would (the lowest id among equal maxima) in one pass
+        local tokens = ops.argmax(s, 2)
+        local out = {tokens = tokens, logprobs = token_logprobs(s, tokens)}
+        if opts.processed_logprobs then out.processed_logprobs = core.empty({B}, 'f32', dev):fill_(0) end
+        s:free()
+        P:free()
+        return out
+    end
     -- the processed logits: s itself when no row truncates
     local truncates = any.any_k or any.any_p or any.any_min_p
     local z = truncates and s:clone() or s
