@@ -84,7 +84,8 @@ T:test('25,000 draws of top_k 50, top_p 0.9 give the cpu\'s tokens', function()
     for b = 1, n do
         if ct[b] ~= gt[b] then
             differ = differ + 1
-            assert(case.probs[gt[b] + 1] > 0, ('draw %d: token %d is outside the processed distribution'):format(b, gt[b]))
+            assert(case.probs[gt[b] + 1] > 0, ('draw %d: token %d is outside the processed distribution'):format(b,
+                gt[b]))
         end
     end
     print(('      %d of %d draws differ from the cpu'):format(differ, n))
