@@ -104,9 +104,10 @@ function lunar.transfer_stats() return core.transfer_stats() end
 
 -- lunar.dist is loaded on first use (it initialises MPI when launched under mpirun); so are
 -- lunar.io (checkpoints, JSON), lunar.model, lunar.data, lunar.optim, lunar.peft, lunar.chat,
--- lunar.tokenizer.
+-- lunar.tokenizer, lunar.generate.
 local lazy = {dist = 'lunar.dist', io = 'lunar.io', model = 'lunar.model', data = 'lunar.data',
-              optim = 'lunar.optim', peft = 'lunar.peft', chat = 'lunar.chat', tokenizer = 'lunar.tokenizer'}
+              optim = 'lunar.optim', peft = 'lunar.peft', chat = 'lunar.chat', tokenizer = 'lunar.tokenizer',
+              generate = 'lunar.generate'}
 setmetatable(lunar, {__index = function(t, k)
     local mod = lazy[k]
     if mod then

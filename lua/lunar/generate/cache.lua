@@ -34,7 +34,8 @@
 --                                      max_seq_len (the config's max_position_embeddings): the
 --                                      longest sequence; a budget that cannot hold one such
 --                                      sequence is an error saying how many bytes it needs.
---   Cache.plan(model, opts)            -> {bytes_per_token, block_size, blocks, tokens, bytes,
+--   Cache.plan(model, opts)            -> {bytes_per_token, block_size, blocks, tokens, bytes, overhead_bytes
+--                                      (the budget no block can use: alignment of each tensor),
 --                                      layers = {{kv = width, ik = width} | {k =, v =}, ...}}
 --                                      without allocating anything (the same checks as new)
 --   cache:bytes_per_token()            bytes one token takes over all layers
@@ -128,7 +129,8 @@ function Cache.plan(model, opts)
             blocks * bs, bpt, bs, max_len, need_blocks * block_bytes + overhead, mib(need_blocks * block_bytes + overhead)))
     end
     return {bytes_per_token = bpt, block_size = bs, blocks = blocks, tokens = blocks * bs, max_seq_len = max_len,
-            bytes = blocks * block_bytes, budget_bytes = budget, dtype = dtype, layers = layers, layout = layout}
+            bytes = blocks * block_bytes, budget_bytes = budget, overhead_bytes = overhead, dtype = dtype, layers = layers,
+            layout = layout}
 end
 
 function Cache.new(model, opts)
