@@ -345,14 +345,16 @@ function M.print(cfg)
     for _, n in ipairs(cfg.notes or {}) do print('note: ' .. n) end
 end
 
--- the meaning of each setting: the comments of the defaults table in this file's source
--- ({['optim.lr'] = 'peak learning rate', ...})
-function M.help_texts()
-    local f = M.source and io.open(M.source, 'r')
+-- the meaning of each setting: the comments of a defaults table in a recipe's source, by
+-- default this file's M.defaults ({['optim.lr'] = 'peak learning rate', ...}); `head` is the
+-- Lua pattern of the line that opens the table
+function M.help_texts(source, head)
+    source, head = source or M.source, head or 'M%.defaults = {'
+    local f = source and io.open(source, 'r')
     if not f then return {} end
     local src = f:read('*a')
     f:close()
-    local body = src:match('\nM%.defaults = {\n(.-)\n}\n')
+    local body = src:match('\n' .. head .. '\n(.-)\n}\n')
     local out, stack, last = {}, {}, nil
     for line in (body or ''):gmatch('[^\n]+') do
         local key, rest = line:match('^%s*([%a_][%w_]*)%s*=%s*(.-)%s*$')
@@ -375,13 +377,14 @@ function M.help_texts()
 end
 
 -- --help: every setting, its value in this recipe (preset applied) and its meaning
-function M.help(kind, cfg)
-    local texts = M.help_texts()
+function M.help(kind, cfg, defaults, texts)
+    texts = texts or M.help_texts()
     local out = {('usage: lunar recipes/%s.lua [key=value ...] [--help] [--dry-run] [--traceback]'):format(kind),
         '',
-        ('Settings of the %s recipe (values: the defaults with preset %s applied; key=value on the command line '
-            .. 'overrides them, key=false unsets one):'):format(kind, cfg.preset)}
-    for _, s in ipairs(settings_of(cfg, M.defaults)) do
+        cfg.preset and ('Settings of the %s recipe (values: the defaults with preset %s applied; key=value on the '
+            .. 'command line overrides them, key=false unsets one):'):format(kind, cfg.preset)
+            or ('Settings of the %s recipe (key=value on the command line overrides them):'):format(kind)}
+    for _, s in ipairs(settings_of(cfg, defaults or M.defaults)) do
         local text = s.text
         if #text > 30 then text = text:sub(1, 27) .. '...' end
         out[#out + 1] = ('  %-28s %-30s %s'):format(s.key, text, texts[s.key] or '')
@@ -573,6 +576,28 @@ function M.validate(cfg)
         if p.seed ~= nil then int('peft.seed', p.seed, 0) end
     end
     if cfg.threads then int('threads', cfg.threads, 1) end
+end
+
+-- run_tool(kind, defaults, source, fn[, overrides]): a recipe that is not a training run
+-- (generate, eval): its defaults table (declared in `source` as `local defaults = {`, one
+-- setting a line with its meaning as a comment, for --help), merged with the command line (or
+-- `overrides`), printed unless quiet, then fn(cfg). Returns what fn returns, and cfg.
+function M.run_tool(kind, defaults, source, fn, overrides)
+    local flags = {}
+    if overrides == nil then overrides, flags = M.arguments(arg or {}) end
+    if flags.traceback then core.show_tracebacks(true) end
+    local ok, cfg = pcall(lunar.config.merge, defaults, overrides)
+    if not ok then user_error(('recipe %s: %s'):format(kind, lunar.config.strip_where(cfg))) end
+    if flags.help then
+        print(M.help(kind, cfg, defaults, M.help_texts(source, 'local defaults = {')))
+        return nil, cfg
+    end
+    cfg.kind = kind
+    if not cfg.quiet then
+        print(('recipe %s:'):format(kind))
+        for _, s in ipairs(settings_of(cfg, defaults)) do print(('  %-28s %s'):format(s.key, s.text)) end
+    end
+    return fn(cfg), cfg
 end
 
 -- Runs the recipe `kind`: the command line's (or `overrides`') settings, checked, printed, then

@@ -128,6 +128,24 @@ grep -q "^checkpoint step 1: $TMP/v/ckpt/step_000001 ([0-9.]* MiB, [0-9.]* s)" "
     { cat "$TMP/v.out"; fail "checkpoint saves are not logged"; }
 echo "ok    quiet=true prints the summary; saves are logged"
 
+# ---- generate and eval on the model the quiet run wrote -------------------------------------------
+"$LUNAR" "$REPO/recipes/generate.lua" model.path="$TMP/q/final" limit=3 n=2 temperature=0.8 seed=5 \
+    max_new_tokens=6 output="$TMP/gen.jsonl" >"$TMP/gen.out" 2>"$TMP/gen.err" || { cat "$TMP/gen.err"; fail "generate.lua"; }
+[ "$(wc -l <"$TMP/gen.jsonl")" = 6 ] || { cat "$TMP/gen.jsonl"; fail "generate.lua: 3 prompts x 2 samples"; }
+grep -q '"index": 3, "sample": 2, "prompt": ' "$TMP/gen.jsonl" || fail "generate.lua: rows"
+expect "$TMP/gen.out" "wrote 6 completions to $TMP/gen.jsonl" "generate.lua"
+"$LUNAR" "$REPO/recipes/generate.lua" model.path="$TMP/q/final" temperature=0.8 >"$TMP/gen.out" 2>"$TMP/gen.err"
+[ $? = 1 ] || fail "generate.lua without a seed at temperature 0.8"
+expect "$TMP/gen.err" "seed" "generate.lua without a seed"
+"$LUNAR" "$REPO/recipes/eval.lua" model.path="$TMP/q/final" limit=2 max_new_tokens=6 datasets=[gsm8k,MATH-500] \
+    samples="$TMP/ev/samples.jsonl" >"$TMP/ev.out" 2>"$TMP/ev.err" || { cat "$TMP/ev.err"; fail "eval.lua"; }
+[ "$(wc -l <"$TMP/ev/samples.jsonl")" = 4 ] || fail "eval.lua: 2 datasets x 2 problems"
+grep -q '^gsm8k  *2  *1 ' "$TMP/ev.out" || { cat "$TMP/ev.out"; fail "eval.lua: the report"; }
+[ -f "$TMP/ev/samples.report.json" ] || fail "eval.lua: the report file"
+"$LUNAR" "$REPO/recipes/eval.lua" model.path="$TMP/q/final" datasets=[gsm9k] >"$TMP/ev.out" 2>"$TMP/ev.err"
+expect "$TMP/ev.err" 'unknown dataset "gsm9k"' "eval.lua with a bad dataset"
+echo "ok    generate.lua and eval.lua on the run's model"
+
 # ---- user errors: one line; --traceback shows the stack -----------------------------------------
 "$LUNAR" "$REPO/recipes/sft.lua" model.dtype=int8 >"$TMP/e.out" 2>"$TMP/e.err"
 rc=$?
