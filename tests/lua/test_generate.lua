@@ -174,6 +174,18 @@ T:test('stops: strings (also across tokens), stop ids, length; chat prompts', fu
     local at = base.text:find(stop, 1, true)
     assert(cut.text == base.text:sub(1, at - 1), ('text %q, want %q'):format(cut.text, base.text:sub(1, at - 1)))
     assert(#cut.ids <= k + 1 and #cut.ids >= 1, 'ids end at the token that completed the stop string')
+    -- of two stop strings, the one that comes first in the text ends it
+    o2.stop = {pieces[k + 3] .. pieces[k + 4], stop}
+    local first = lunar.generate(model, {chat}, o2)[1]
+    assert(first.stop_reason == stop and first.text == cut.text, 'the earlier stop string')
+    -- streaming: on_token sees the text so far, which ends as the result's
+    local seen = {}
+    local o4 = {}
+    for kk, v in pairs(opts) do o4[kk] = v end
+    o4.on_token = function(r) seen[#seen + 1] = r.text end
+    local streamed = lunar.generate(model, {chat}, o4)[1]
+    T.equal(#seen, #streamed.ids, 'one call per token')
+    assert(seen[#seen] == streamed.text and streamed.text == base.text, 'the streamed text')
     -- a stop id: the sample ends with it
     local o3 = {}
     for kk, v in pairs(opts) do o3[kk] = v end

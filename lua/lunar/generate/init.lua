@@ -166,8 +166,8 @@ local function tokenizer_of(opts)
     return tok
 end
 
--- finds the first stop string that ends within the text's last `fresh` bytes (plus each stop
--- string's length, for one that spans tokens); returns its start and the string
+-- the leftmost occurrence of any stop string starting at or after byte `from` (less each stop
+-- string's length, so one that began a little earlier is found too): its start and the string
 local function find_stop(text, stops, from)
     local best, which
     for _, s in ipairs(stops) do
@@ -258,26 +258,41 @@ function M.run(model, prompts, opts)
     end
 
     -- appends token t (with its logprobs) to sample s; ends s on a stop token, string or length
+    -- stop strings are looked for in the text of the last few tokens (every token but a special
+    -- one has at least a byte, so this many cover the longest stop string and the newest token);
+    -- the whole text is decoded once, when the sample ends (or at each token for on_token)
+    local tail_tokens = 2
+    for _, st in ipairs(stops) do tail_tokens = math.max(tail_tokens, #st + 2) end
+
+    local function full_text(res) return tok:decode(res.ids, {skip_special = true}) end
+
+    -- appends token t (with its logprobs) to sample s; ends s on a stop token, string or length
     local function push(s, t, lp, plp)
         local res = s.result
         res.ids[#res.ids + 1] = t
         res.logprobs[#res.logprobs + 1] = lp
         if opts.processed_logprobs then res.processed_logprobs[#res.processed_logprobs + 1] = plp end
         new_tokens = new_tokens + 1
-        if tok then
-            local before = #(res.text or '')
-            res.text = tok:decode(res.ids, {skip_special = true})
-            if #stops > 0 then
-                local at, which = find_stop(res.text, stops, before + 1)
+        if #stops > 0 then
+            local n = #res.ids
+            local tail = tok:decode({unpack(res.ids, math.max(1, n - tail_tokens + 1), n)}, {skip_special = true})
+            if find_stop(tail, stops, 1) then
+                -- a stop string has just appeared: the first one in the whole text ends the sample
+                local text = full_text(res)
+                local at, which = find_stop(text, stops, math.max(1, #text - #tail))
                 if at then
-                    res.text = res.text:sub(1, at - 1)
+                    res.text = text:sub(1, at - 1)
                     finish(s, 'stop', which)
                 end
             end
         end
         if not s.done and stop_set[t] then finish(s, 'stop', t) end
         if not s.done and (#res.ids >= max_new or #res.prompt_ids + #res.ids >= max_seq) then finish(s, 'length') end
-        if opts.on_token then opts.on_token(res, t) end
+        if tok and not res.text and (s.done or opts.on_token) then res.text = full_text(res) end
+        if opts.on_token then
+            opts.on_token(res, t)
+            if not s.done then res.text = nil end
+        end
     end
 
     -- reads the sampled tokens of one step back and hands them to their samples
