@@ -20,13 +20,24 @@ static volatile sig_atomic_t stop_signal;   /* 0, or the signal that asked for a
 static struct sigaction saved_term, saved_int;
 static int catching;
 
+/* The first signal sets the flag and puts the default actions back, so the next one ends the
+ * process; a second one that still reaches this handler (it was already on its way) ends it
+ * here, with the default action of that signal. */
 static void on_stop(int sig) {
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;
     sigemptyset(&dfl.sa_mask);
-    sigaction(SIGTERM, &dfl, NULL);   /* the next one ends the process */
+    sigaction(SIGTERM, &dfl, NULL);
     sigaction(SIGINT, &dfl, NULL);
+    if (stop_signal) {
+        sigset_t one;
+        sigemptyset(&one);
+        sigaddset(&one, sig);
+        sigprocmask(SIG_UNBLOCK, &one, NULL);   /* it is blocked while its handler runs */
+        raise(sig);
+        return;
+    }
     stop_signal = sig;
 }
 
