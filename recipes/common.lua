@@ -95,6 +95,16 @@ M.defaults = {
         clip_grad = 1.0,         -- clip the global gradient norm to this (0: off)
         no_decay = false,        -- a list of Lua patterns of parameter names without weight decay
     },
+    benchmark = {
+        every = 0,               -- answer math benchmarks every N steps and at the end (0: never)
+        datasets = {'gsm8k'},    -- which: gsm8k, MATH-500, AIME-2024-30, AIME-2025-30
+        limit = 50,              -- problems per dataset
+        k = 1,                   -- samples per problem (avg@k, pass@k)
+        max_new_tokens = 256,    -- tokens per answer
+        temperature = 0,         -- 0 is greedy
+        seed = 1,                -- sampling seed (temperature > 0)
+        data_dir = false,        -- the evaluation files (default: the repository's examples/data/eval)
+    },
     peft = false,                -- LoRA: {r =, alpha =, dropout =, targets = {...}, seed =}
     checkpoint = {
         dir = false,             -- where checkpoints go (default runs/<name>/checkpoints)
@@ -286,6 +296,7 @@ function M.recipe(kind, overrides)
     if not cfg.checkpoint.dir then cfg.checkpoint.dir = 'runs/' .. cfg.name .. '/checkpoints' end
     if not cfg.metrics.dir then cfg.metrics.dir = 'runs/' .. cfg.name end
     if not cfg.output.dir then cfg.output.dir = 'runs/' .. cfg.name .. '/final' end
+    if not cfg.benchmark.data_dir then cfg.benchmark.data_dir = M.path('examples/data/eval') end
     cfg.kind = kind
     return cfg
 end
@@ -440,6 +451,16 @@ function M.check_runnable(cfg)
         end
     end
     if not cfg.data.train then user_error(('recipe %s: set data.train'):format(cfg.name)) end
+    if cfg.benchmark.every > 0 then
+        local evaluate = require 'lunar.eval.run'
+        for _, name in ipairs(cfg.benchmark.datasets) do
+            local file = cfg.benchmark.data_dir .. '/' .. evaluate.DATASETS[name].file
+            if not core.fs.stat(file) then
+                user_error(('recipe %s: benchmark.datasets: %s needs %s, which does not exist (set benchmark.data_dir)')
+                    :format(cfg.name, name, file))
+            end
+        end
+    end
     local fs = core.fs
     local function exists(key, p, want)
         local st = fs.stat(p)
@@ -516,6 +537,17 @@ function M.validate(cfg)
     int('train.eval_every', t.eval_every, 0)
     int('train.eval_batches', t.eval_batches, 0)
     int('train.max_skipped_in_a_row', t.max_skipped_in_a_row, 0)
+    local bm = cfg.benchmark
+    int('benchmark.every', bm.every, 0)
+    int('benchmark.limit', bm.limit, 1)
+    int('benchmark.k', bm.k, 1)
+    int('benchmark.max_new_tokens', bm.max_new_tokens, 1)
+    if not (bm.temperature >= 0) then bad('benchmark.temperature', bm.temperature, 'expected a number >= 0') end
+    local known = require('lunar.eval.run').DATASETS
+    for _, name in ipairs(bm.datasets) do
+        if not known[name] then bad('benchmark.datasets', bm.datasets, 'unknown dataset ' .. tostring(name)
+            .. ' (known: ' .. table.concat(require('lunar.eval.run').ORDER, ', ') .. ')') end
+    end
     if cfg.stop_after then int('stop_after', cfg.stop_after, 1) end
     int('checkpoint.every', c.every, 0)
     int('checkpoint.keep_last', c.keep_last, 0)

@@ -263,6 +263,26 @@ T:test('data.valid is evaluated into the metrics', function()
     os.execute(('rm -rf %q'):format(d))
 end)
 
+T:test('benchmarks every N steps are logged and leave the training run as it was', function()
+    local d1, d2 = tmpdir(), tmpdir()
+    local plain = run('sft', small(d1, {train = {steps = 4}}))
+    local with = run('sft', small(d2, {train = {steps = 4}, benchmark = {every = 2, limit = 2, max_new_tokens = 4,
+        datasets = {'gsm8k', 'AIME-2024-30'}}}))
+    for i = 1, 4 do assert(plain.losses[i] == with.losses[i], 'step ' .. i .. ': the same loss') end
+    local steps = {}
+    for line in read(d2 .. '/metrics.jsonl'):gmatch('[^\n]+') do
+        if line:find('"benchmark/gsm8k/avg@1"', 1, true) then
+            local row = lunar.io.decode_json(line)
+            assert(row['benchmark/AIME-2024-30/pass@1'] ~= nil, 'both datasets')
+            steps[#steps + 1] = row.step
+        end
+    end
+    T.equal(steps, {2, 4}, 'benchmarks at steps 2 and 4')
+    refuses(function() common.validate(common.recipe('sft', {benchmark = {datasets = {'gsm9k'}}})) end,
+        {'benchmark.datasets', 'unknown dataset gsm9k'})
+    os.execute(('rm -rf %q %q'):format(d1, d2))
+end)
+
 T:test('every recipe writes its final output; a fine-tuned model keeps its base companions', function()
     local d = tmpdir()
     run('pretrain', small(d, {data = {limit = 8}}))

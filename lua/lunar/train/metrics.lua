@@ -409,13 +409,8 @@ function Metrics:note(text)
     self.out:flush()
 end
 
--- log_eval(step, {loss =, ppl =, tokens =}): an evaluation of the validation data, as a JSONL line
--- {"step", "valid_loss", "valid_ppl", "valid_tokens", "time"} and the TensorBoard tags
--- valid/loss and valid/ppl, and a progress note
-function Metrics:log_eval(step, rec)
-    if type(step) ~= 'number' or step ~= math.floor(step) then fail('metrics.log_eval: step must be an integer') end
-    local wall = self.wall_time()
-    local fields = {{'valid_loss', rec.loss}, {'valid_ppl', rec.ppl}, {'valid_tokens', rec.tokens}}
+-- one JSONL line {"step", name: value..., "time"} and the TensorBoard scalars of tags
+local function write_extra(self, step, fields, tags, wall)
     if self.jsonl then
         local parts = {json_string('step') .. ':' .. json_number(step)}
         for _, f in ipairs(fields) do
@@ -426,11 +421,29 @@ function Metrics:log_eval(step, rec)
         self.jsonl:flush()
     end
     if self.tb then
-        local tags, values = {}, {}
-        if rec.loss ~= nil then tags[#tags + 1], values[#values + 1] = 'valid/loss', rec.loss end
-        if rec.ppl ~= nil then tags[#tags + 1], values[#values + 1] = 'valid/ppl', rec.ppl end
-        if #tags > 0 then self.tb:add_scalars(step, tags, values, wall) end
+        local names, values = {}, {}
+        for _, f in ipairs(tags) do
+            if f[2] ~= nil then names[#names + 1], values[#values + 1] = f[1], f[2] end
+        end
+        if #names > 0 then self.tb:add_scalars(step, names, values, wall) end
     end
+end
+
+-- log_scalars(step, {{name, value}, ...}): named numbers of a step besides the training step's
+-- (a benchmark evaluation): one JSONL line {"step", name: value..., "time"} and one TensorBoard
+-- tag per name, as given ("benchmark/gsm8k/avg@1")
+function Metrics:log_scalars(step, list)
+    if type(step) ~= 'number' or step ~= math.floor(step) then fail('metrics.log_scalars: step must be an integer') end
+    write_extra(self, step, list, list, self.wall_time())
+end
+
+-- log_eval(step, {loss =, ppl =, tokens =}): an evaluation of the validation data, as a JSONL line
+-- {"step", "valid_loss", "valid_ppl", "valid_tokens", "time"} and the TensorBoard tags
+-- valid/loss and valid/ppl, and a progress note
+function Metrics:log_eval(step, rec)
+    if type(step) ~= 'number' or step ~= math.floor(step) then fail('metrics.log_eval: step must be an integer') end
+    write_extra(self, step, {{'valid_loss', rec.loss}, {'valid_ppl', rec.ppl}, {'valid_tokens', rec.tokens}},
+        {{'valid/loss', rec.loss}, {'valid/ppl', rec.ppl}}, self.wall_time())
     self.evals = self.evals or {}
     self.evals[#self.evals + 1] = {step = step, loss = rec.loss, ppl = rec.ppl}
     self:note(('eval step %d | valid loss %.4f | valid ppl %.3f'):format(step, rec.loss or 0 / 0, rec.ppl or 0 / 0))

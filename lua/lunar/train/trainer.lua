@@ -403,6 +403,27 @@ local function evaluate(r)
     return targets > 0 and sum / targets or 0 / 0, targets
 end
 
+-- the math benchmarks of cfg.benchmark (lunar.eval.run) on the model as it is, logged as
+-- benchmark/<dataset>/avg@k and pass@k; generation draws from its own streams, so the training
+-- run continues bit for bit whether or not it evaluates
+local function benchmark(r, m, step)
+    local bm = r.cfg.benchmark
+    local report = lunar.scope(function()
+        return require('lunar.eval.run').run(r.model, r.tok, {datasets = bm.datasets, limit = bm.limit, k = bm.k,
+            max_new_tokens = bm.max_new_tokens, temperature = bm.temperature, seed = bm.seed,
+            template = r.cfg.data.template, data_dir = bm.data_dir})
+    end)
+    local list, text = {}, {}
+    for _, e in ipairs(report) do
+        list[#list + 1] = {('benchmark/%s/avg@%d'):format(e.dataset, e.n), e.avg}
+        for kk, v in pairs(e.pass) do list[#list + 1] = {('benchmark/%s/pass@%d'):format(e.dataset, kk), v} end
+        text[#text + 1] = ('%s avg@%d %.4f'):format(e.dataset, e.n, e.avg)
+    end
+    table.sort(list, function(a, b) return a[1] < b[1] end)
+    m:log_scalars(step, list)
+    m:note(('benchmark step %d | %s'):format(step, table.concat(text, ' | ')))
+end
+
 local function save_checkpoint(r, step, m)
     local cfg, t0 = r.cfg, lunar.clock()
     local counts = m:counts()
@@ -476,9 +497,12 @@ function M.run(cfg)
         memory = r.model:device() ~= 'cpu' and r.model:device() or nil,
         tensorboard = cfg.metrics.tensorboard == false and false or nil}
     local function eval_now(step)
-        if not r.valid_source then return end
-        local loss, n = evaluate(r)
-        m:log_eval(step, {loss = loss, ppl = math.exp(loss), tokens = n})
+        if r.valid_source then
+            local loss, n = evaluate(r)
+            m:log_eval(step, {loss = loss, ppl = math.exp(loss), tokens = n})
+        end
+        local bm = cfg.benchmark
+        if bm and bm.every > 0 and (step % bm.every == 0 or step == cfg.train.steps) then benchmark(r, m, step) end
     end
     local stop, in_a_row = nil, 0
     core.signal.catch_stop()
@@ -489,8 +513,10 @@ function M.run(cfg)
             result.losses[#result.losses + 1] = rec.loss
             m:log(step, rec)
             in_a_row = rec.skipped and in_a_row + 1 or 0
-            local every = cfg.train.eval_every
-            if every > 0 and step % every == 0 and step < cfg.train.steps then eval_now(step) end
+            local every, bevery = cfg.train.eval_every, cfg.benchmark and cfg.benchmark.every or 0
+            if step < cfg.train.steps and ((every > 0 and step % every == 0) or (bevery > 0 and step % bevery == 0)) then
+                eval_now(step)
+            end
             local signal = core.signal.stop_requested()
             local too_many = cfg.train.max_skipped_in_a_row > 0 and in_a_row >= cfg.train.max_skipped_in_a_row
             if r.cm:due(step, step == cfg.train.steps) or signal or too_many then save_checkpoint(r, step, m) end
