@@ -57,6 +57,7 @@ static const lunar_backend cpu_backend = {
     .rng_fill = lunar_cpu_rng_fill,
     .gemm = lunar_cpu_gemm,
     .gemm_grouped = lunar_cpu_gemm_grouped,
+    .gemm_row_invariant = lunar_cpu_gemm_row_invariant,
     .binary = lunar_cpu_binary,
     .binary_scalar = lunar_cpu_binary_scalar,
     .unary = lunar_cpu_unary,

@@ -22,6 +22,10 @@ lunar_status lunar_cpu_gemm_grouped(lunar_ctx *ctx, int n, lunar_tensor *const *
                                     const lunar_tensor *const *b, const int *trans_a, const int *trans_b, float alpha,
                                     float beta);
 
+/* gemm_row_invariant.c */
+lunar_status lunar_cpu_gemm_row_invariant(lunar_ctx *ctx, int n, lunar_tensor *const *c, const lunar_tensor *const *a,
+                                          const lunar_tensor *const *b, int trans_b, float alpha, float beta);
+
 /* elementwise.c */
 lunar_status lunar_cpu_binary(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *a, const lunar_tensor *b,
                               lunar_binary_op op);

@@ -76,6 +76,13 @@ struct lunar_backend {
                                  const lunar_tensor *const *b, const int *trans_a, const int *trans_b, float alpha,
                                  float beta);
 
+    /* optional: n 2-D products c[i] (M, N) = alpha * a[i] (M, K) @ op(b[i]) + beta * c[i], b (N, K)
+     * when trans_b, else (K, N), each element computed as lunar_gemm_row_invariant promises
+     * (ops.h). a, b and c are row-major views as for gemm (unit stride in the last dim, row
+     * stride in stride[0]), of one dtype from float_dtypes; no c overlaps an a or b; M, N, K >= 1. */
+    lunar_status (*gemm_row_invariant)(lunar_ctx *ctx, int n, lunar_tensor *const *c, const lunar_tensor *const *a,
+                                       const lunar_tensor *const *b, int trans_b, float alpha, float beta);
+
     /* binary: a and b already have out's shape (the host expanded and copied broadcasts) */
     lunar_status (*binary)(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *a, const lunar_tensor *b,
                            lunar_binary_op op);

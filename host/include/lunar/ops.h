@@ -77,6 +77,20 @@ lunar_status lunar_gemm(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor *a, 
 lunar_status lunar_gemm_grouped(lunar_ctx *ctx, int n, lunar_tensor *const *c, const lunar_tensor *const *a,
                                 const lunar_tensor *const *b, int trans_a, int trans_b, float alpha, float beta);
 
+/* n independent products c[i] = alpha * a[i] @ op(b[i]) + beta * c[i], row-invariant: a (M, K),
+ * b (N, K) when trans_b (a linear layer's weight, (out, in)) else (K, N), c (M, N); each may also
+ * be batched, 3-D with the batch first (a 2-D a or b is then shared by the batch). Every element
+ * c[r][j] is the dot product of row r of a and column j of op(b) summed in one fixed order that
+ * depends on K only (the CPU's: kernels/cpu/gemm_row_invariant.c; CUDA's:
+ * kernels/cuda/gemm_row_invariant.cu), so a row gets the same bits whatever other rows its
+ * product has, in any grouping, with any threads, on a given device and machine. Generation
+ * relies on it: a sequence's rows give the same results alone or batched with others (lunar_gemm
+ * makes no such promise: BLAS picks kernels by shape). c is not read when beta is 0. Floats of
+ * any dtype (f32 accumulation; c of the inputs' dtype or f32); a view whose rows are not unit
+ * stride is copied first (the same bits). No product may write memory another one reads. */
+lunar_status lunar_gemm_row_invariant(lunar_ctx *ctx, int n, lunar_tensor *const *c, const lunar_tensor *const *a,
+                                      const lunar_tensor *const *b, int trans_b, float alpha, float beta);
+
 /* ---- elementwise ------------------------------------------------------------------------- */
 
 typedef enum lunar_binary_op {

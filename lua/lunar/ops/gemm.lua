@@ -9,6 +9,14 @@
 --       each (MoE experts). Returns the list of c.
 --   matmul(a, b, {out=})   like torch.matmul for 1-D, 2-D and 3-D operands (t:matmul(b) too)
 -- Transposed and narrowed views go to BLAS without copies.
+--
+-- row_invariant = true (gemm and gemm_grouped, trans_a = false): every element of c is one dot
+-- product in a fixed order that depends on K only (lunar_gemm_row_invariant in lunar/ops.h), so a
+-- row of a gives the same bits whatever other rows are in its product, however the products are
+-- grouped and whatever the threads. BLAS makes no such promise (it picks kernels by shape).
+-- Generation's decode steps use it for every product of the step, where the rows of different
+-- sequences meet; its kernels stream each b once, which is what few-row products need:
+--   local ys = ops.gemm_grouped({x1, x2}, {W1, W2}, {trans_b = true, row_invariant = true})
 local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local C = core.ops
@@ -27,12 +35,21 @@ local function shape_str(t) return '(' .. table.concat(t:size(), ', ') .. ')' en
 
 local check_tensor = tensor.check
 
+-- a row-invariant product reads a by rows: a (M, K) as it is
+local function check_row_invariant(op, ta)
+    if ta then
+        tensor.fail(('%s: row_invariant takes a as (M, K): trans_a must be false (pass a transposed view '
+            .. 'instead, which is copied)'):format(op))
+    end
+end
+
 function M.gemm(a, b, opts)
     opts = opts or {}
     check_tensor(a, 'a', 'gemm')
     check_tensor(b, 'b', 'gemm')
     local ta, tb = opts.trans_a and true or false, opts.trans_b and true or false
     local c, beta = opts.out, opts.beta or 0
+    if opts.row_invariant then check_row_invariant('gemm', ta) end
     if not c then
         local na, nb = a:dim(), b:dim()
         if na < 2 or na > 3 or nb < 2 or nb > 3 then
@@ -45,6 +62,10 @@ function M.gemm(a, b, opts)
         c = core.empty(shape, result_dtype(a, b), a:device())
         beta = 0
     end
+    if opts.row_invariant then
+        C.gemm_row_invariant({c}, {a}, {b}, tb, opts.alpha or 1, beta)
+        return c
+    end
     return C.gemm(c, a, b, ta, tb, opts.alpha or 1, beta)
 end
 
@@ -53,6 +74,8 @@ function M.gemm_grouped(as, bs, opts)
     if type(as) ~= 'table' or type(bs) ~= 'table' then tensor.fail('gemm_grouped: a and b must be lists of tensors') end
     local ta, tb = opts.trans_a and true or false, opts.trans_b and true or false
     local cs, beta = opts.out, opts.beta or 0
+    local ri = opts.row_invariant
+    if ri then check_row_invariant('gemm_grouped', ta) end
     if not cs then
         cs, beta = {}, 0
         for i, a in ipairs(as) do
@@ -65,6 +88,7 @@ function M.gemm_grouped(as, bs, opts)
             cs[i] = core.empty({a:size(ta and 2 or 1), b:size(tb and 1 or 2)}, result_dtype(a, b), a:device())
         end
     end
+    if ri then return C.gemm_row_invariant(cs, as, bs, tb, opts.alpha or 1, beta) end
     return C.gemm_grouped(cs, as, bs, ta, tb, opts.alpha or 1, beta)
 end
 
