@@ -172,6 +172,7 @@ static lunar_backend make_cuda_backend(void) {
     b.arange = lunar_cuda_arange;
     b.rng_fill = lunar_cuda_rng_fill;
     b.gemm = lunar_cuda_gemm;
+    b.gemm_row_invariant = lunar_cuda_gemm_row_invariant;
     b.binary = lunar_cuda_binary;
     b.binary_scalar = lunar_cuda_binary_scalar;
     b.unary = lunar_cuda_unary;

@@ -23,6 +23,10 @@ lunar_status lunar_cuda_rng_fill(lunar_ctx *ctx, lunar_tensor *out, lunar_rng_ki
 lunar_status lunar_cuda_gemm(lunar_ctx *ctx, lunar_tensor *c, const lunar_tensor *a, const lunar_tensor *b,
                             int trans_a, int trans_b, float alpha, float beta);
 
+/* gemm_row_invariant.cu */
+lunar_status lunar_cuda_gemm_row_invariant(lunar_ctx *ctx, int n, lunar_tensor *const *c, const lunar_tensor *const *a,
+                                           const lunar_tensor *const *b, int trans_b, float alpha, float beta);
+
 /* elementwise.cu */
 lunar_status lunar_cuda_binary(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *a, const lunar_tensor *b,
                               lunar_binary_op op);
