@@ -49,10 +49,10 @@ local function rope_opts(layout, step) return {layout = layout, scale = step.rop
 -- ---- writes of a prompt batch (prefill) -------------------------------------------------------
 
 -- the cache row [kv_a_layernorm(latent) | RoPE(k_rot)] of MLA attention a for x (N, H), as its
--- forward computes them
-local function mla_rows(a, x, positions, inv_freq, ropt)
+-- forward computes them (lopts: the Linears' options, row_invariant at decode)
+local function mla_rows(a, x, positions, inv_freq, ropt, lopts)
     local N, Rkv, Dr = x:size(1), a.Rkv, a.Dr
-    local ckv = a.kv_a_proj:forward(x)
+    local ckv = a.kv_a_proj:forward(x, lopts)
     local k_lat = a.kv_a_layernorm:forward(ckv:narrow(2, 1, Rkv))
     local k_rot = ops.rope(ckv:narrow(2, Rkv + 1, Dr):reshape({N, 1, Dr}), positions:reshape(N), inv_freq, ropt)
     local rows = core.empty({N, Rkv + Dr}, k_lat:dtype(), x:device())
@@ -62,18 +62,18 @@ local function mla_rows(a, x, positions, inv_freq, ropt)
 end
 
 -- the indexer key RoPE(LayerNorm(wk x)) (N, Di) of DSA indexer ix, as its forward computes it
-local function indexer_keys(ix, x, positions, inv_freq, ropt)
+local function indexer_keys(ix, x, positions, inv_freq, ropt, lopts)
     local N, Di = x:size(1), ix.Di
-    local kpre = ix.wk:forward(x)
+    local kpre = ix.wk:forward(x, lopts)
     local kn = ops.layernorm(kpre, ix.store:get(ix.knw), ix.store:get(ix.knb), ix.eps)
     return ops.rope(kn:view({N, 1, Di}), positions:reshape(N), inv_freq, ropt):view({N, Di})
 end
 
 -- GQA keys after qk-norm and RoPE, and the values, of x (N, H): (N, nkv * hd) each
-local function gqa_rows(a, x, positions, inv_freq, ropt)
+local function gqa_rows(a, x, positions, inv_freq, ropt, lopts)
     local N, nkv, hd = x:size(1), a.nkv, a.hd
-    local k = a.k_proj:forward(x)
-    local v = a.v_proj:forward(x)
+    local k = a.k_proj:forward(x, lopts)
+    local v = a.v_proj:forward(x, lopts)
     if a.k_norm then k = a.k_norm:forward(k:view({N * nkv, hd})) end
     local kr = ops.rope(k:view({N, nkv, hd}), positions:reshape(N), inv_freq, ropt)
     return kr:view({N, nkv * hd}), v
@@ -115,9 +115,9 @@ local function dsa_select(a, cl, cache, xn, q_resid, step)
     local ix = a.indexer
     local B, Hi, Di = v.B, ix.Hi, ix.Di
     local ropt = rope_opts('interleaved_to_half', step)
-    local qi = ix.wq_b:forward(q_resid)
+    local qi = ix.wq_b:forward(q_resid, step.linear)
     local qr = ops.rope(qi:view({B, 1, Hi, Di}), step.positions, step.inv_freq, ropt)
-    local wts = ix.weights_proj:forward(xn)
+    local wts = ix.weights_proj:forward(xn, step.linear)
     if wts:dtype() ~= 'f32' then wts = wts:to('f32') end
     ops.mul_(wts, Hi ^ -0.5)
     local keys = cache:gather(cl.ik, v)
@@ -131,9 +131,10 @@ local function mla_decode(a, cl, cache, xn, step, prev_sel)
     local B, NH, Dn, Dr, Dv, Rkv = v.B, a.NH, a.Dn, a.Dr, a.Dv, a.Rkv
     local ropt = rope_opts('interleaved_to_half', step)
     -- the new token's cache rows (and indexer key), written before the read: it attends to itself
-    cache:write(cl.kv, step.slots, mla_rows(a, xn, step.positions, step.inv_freq, ropt))
-    local q_resid = a.q_a_layernorm:forward(a.q_a_proj:forward(xn))
-    if cl.ik then cache:write(cl.ik, step.slots, indexer_keys(a.indexer, xn, step.positions, step.inv_freq, ropt)) end
+    local lo = step.linear
+    cache:write(cl.kv, step.slots, mla_rows(a, xn, step.positions, step.inv_freq, ropt, lo))
+    local q_resid = a.q_a_layernorm:forward(a.q_a_proj:forward(xn, lo))
+    if cl.ik then cache:write(cl.ik, step.slots, indexer_keys(a.indexer, xn, step.positions, step.inv_freq, ropt, lo)) end
     local sel
     if a.indexer_type == 'full' then
         sel = dsa_select(a, cl, cache, xn, q_resid, step)
@@ -145,7 +146,7 @@ local function mla_decode(a, cl, cache, xn, step, prev_sel)
     else
         sel = false
     end
-    local q = a.q_b_proj:forward(q_resid):view({B, NH, Dn + Dr})
+    local q = a.q_b_proj:forward(q_resid, lo):view({B, NH, Dn + Dr})
     local dt = q:dtype()
     -- absorbed query [W_uk^T q_nope | RoPE(q_rot)] (B, 1, NH, Rkv + Dr)
     local W = a.store:get(a.kv_b_proj.wname):view({NH, Dn + Dv, Rkv})
@@ -153,12 +154,13 @@ local function mla_decode(a, cl, cache, xn, step, prev_sel)
     local qq = core.empty({B, 1, NH, Rkv + Dr}, dt, xn:device())
     local q_nope = q:narrow(3, 1, Dn):transpose(1, 2)                    -- (NH, B, Dn)
     local q_abs = qq:view({B, NH, Rkv + Dr}):narrow(3, 1, Rkv):transpose(1, 2)  -- (NH, B, Rkv)
-    ops.gemm(q_nope, W:narrow(2, 1, Dn), {out = q_abs})
+    ops.gemm(q_nope, W:narrow(2, 1, Dn), {out = q_abs, row_invariant = true})
     if ad then
         -- + s (q_nope B_uk) A: B (NH * (Dn + Dv), r) viewed (NH, Dn + Dv, r)
         local r = ad.A:size(1)
-        local qb = ops.gemm(q_nope:to(ad.B:dtype()), ad.B:view({NH, Dn + Dv, r}):narrow(2, 1, Dn))   -- (NH, B, r)
-        local d = ops.gemm(qb, ad.A, {alpha = ad.scale})                                            -- (NH, B, Rkv)
+        local qb = ops.gemm(q_nope:to(ad.B:dtype()), ad.B:view({NH, Dn + Dv, r}):narrow(2, 1, Dn),
+            {row_invariant = true})                                                                 -- (NH, B, r)
+        local d = ops.gemm(qb, ad.A, {alpha = ad.scale, row_invariant = true})                       -- (NH, B, Rkv)
         ops.add_(q_abs, d)
     end
     ops.rope(q:narrow(3, Dn + 1, Dr):unsqueeze(2), step.positions, step.inv_freq,
@@ -171,31 +173,32 @@ local function mla_decode(a, cl, cache, xn, step, prev_sel)
     -- per head W_uv (sum_t p_t c_t): (NH, B, Rkv) x (NH, Dv, Rkv)^T -> (B, NH, Dv)
     local ob = core.empty({B, NH, Dv}, dt, xn:device())
     local o_t = o:view({B, NH, Rkv}):transpose(1, 2)
-    ops.gemm(o_t, W:narrow(2, Dn + 1, Dv), {trans_b = true, out = ob:transpose(1, 2)})
+    ops.gemm(o_t, W:narrow(2, Dn + 1, Dv), {trans_b = true, out = ob:transpose(1, 2), row_invariant = true})
     if ad then
         local r = ad.A:size(1)
-        local oa = ops.gemm(o_t:to(ad.A:dtype()), ad.A, {trans_b = true})                         -- (NH, B, r)
-        local d = ops.gemm(oa, ad.B:view({NH, Dn + Dv, r}):narrow(2, Dn + 1, Dv), {trans_b = true, alpha = ad.scale})
+        local oa = ops.gemm(o_t:to(ad.A:dtype()), ad.A, {trans_b = true, row_invariant = true})   -- (NH, B, r)
+        local d = ops.gemm(oa, ad.B:view({NH, Dn + Dv, r}):narrow(2, Dn + 1, Dv),
+            {trans_b = true, alpha = ad.scale, row_invariant = true})
         ops.add_(ob:transpose(1, 2), d)
     end
-    return a.o_proj:forward(ob:view({B, NH * Dv})), sel
+    return a.o_proj:forward(ob:view({B, NH * Dv}), lo), sel
 end
 
 local function gqa_decode(a, cl, cache, xn, step)
     local v = step.view
     local B, NH, nkv, hd = v.B, a.NH, a.nkv, a.hd
     local ropt = rope_opts('half', step)
-    local k, val = gqa_rows(a, xn, step.positions, step.inv_freq, ropt)
+    local k, val = gqa_rows(a, xn, step.positions, step.inv_freq, ropt, step.linear)
     cache:write(cl.k, step.slots, k)
     cache:write(cl.v, step.slots, val)
-    local q = a.q_proj:forward(xn)
+    local q = a.q_proj:forward(xn, step.linear)
     if a.q_norm then q = a.q_norm:forward(q:view({B * NH, hd})) end
     local qh = ops.rope(q:view({B, 1, NH, hd}), step.positions, step.inv_freq, ropt)
     local K = cache:gather(cl.k, v):view({B, v.Lpad, nkv, hd})
     local V = cache:gather(cl.v, v):view({B, v.Lpad, nkv, hd})
     local o = ops.attention(qh, K, V, {mask = v.mask, scale = a.scaling})        -- (B, 1, NH, hd)
     K:free(); V:free()
-    return a.o_proj:forward(o:view({B, NH * hd}))
+    return a.o_proj:forward(o:view({B, NH * hd}), step.linear)
 end
 
 function M.decode(layer, cl, cache, xn, step, prev_sel)

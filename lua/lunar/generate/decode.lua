@@ -32,6 +32,11 @@
 -- refused call (a bad token, too long a sequence, a full cache) changes nothing in the cache,
 -- while an error inside the model leaves the called sequences' contents undefined (free them).
 --
+-- Batch invariance: every product of a decode step is row-invariant (lunar.ops.gemm's
+-- row_invariant), so a sequence's logits are the same bits whatever other sequences share the
+-- step; a prefill runs its prompts' rows through the training modules (BLAS), which is why
+-- lunar.generate prefills each prompt on its own.
+--
 -- Memory: each layer runs inside lunar.scope, so its temporaries (the gathered cache blocks
 -- included) go back to the device's pool before the next layer; a decode step whose sequences
 -- span as many blocks as the step before takes every buffer from the pool's free blocks and
@@ -74,28 +79,30 @@ local function check_seqs(seqs, who)
     if type(seqs) ~= 'table' or #seqs == 0 then fail(('%s: seqs must be a non-empty list of sequence ids'):format(who)) end
 end
 
--- the MLP or MoE half of a layer: h + mlp(post_norm(h)) and the routed expert ids (MoE)
-local function mlp_forward(model, L, h)
+-- the MLP or MoE half of a layer: h + mlp(post_norm(h)) and the routed expert ids (MoE).
+-- mopts: the MoE's forward options (a decode step asks for row-invariant expert products)
+local function mlp_forward(model, L, h, mopts)
     local hn = L.post_norm:forward(to_compute(model, h))
     local m, routing
     if L.mlp_type == 'dense' then
-        m = L.mlp:forward(hn)
+        m = L.mlp:forward(hn, mopts)
     else
         local _
-        m, _, routing = L.mlp:forward(hn)
+        m, _, routing = L.mlp:forward(hn, mopts)
     end
     return ops.add(h, to_residual(model, m)), routing and routing.idx
 end
 
--- the final norm and lm_head of hidden rows x (n, H) -> (n, V)
-local function head(model, x)
+-- the final norm and lm_head of hidden rows x (n, H) -> (n, V); lopts: the Linear's options
+local function head(model, x, lopts)
     local xf = model.norm:forward(to_compute(model, x))
-    return (model.lm_head:forward(xf))
+    return (model.lm_head:forward(xf, lopts))
 end
 
 -- runs every decoder layer on x through layer_fn(L, cache_layer, xn, sel) -> attention output,
--- selection; frees each layer's temporaries; returns the last hidden state and the routing
-local function run_layers(model, cache, x, want_routing, layer_fn)
+-- selection; frees each layer's temporaries; returns the last hidden state and the routing.
+-- mopts: the MoE forward's options
+local function run_layers(model, cache, x, want_routing, mopts, layer_fn)
     local sel, routing = nil, {}
     for i, L in ipairs(model.layers) do
         local cl = cache.layers[i]
@@ -103,7 +110,7 @@ local function run_layers(model, cache, x, want_routing, layer_fn)
             local xn = L.input_norm:forward(to_compute(model, x))
             local a, s = layer_fn(L, cl, xn, sel)
             local h = ops.add(x, to_residual(model, a))
-            local out, r = mlp_forward(model, L, h)
+            local out, r = mlp_forward(model, L, h, mopts)
             return out, s, r
         end)
         x:free()
@@ -132,7 +139,7 @@ local function prefill_run(model, cache, lists, slots_list, opts)
                              cu_seqlens = core.from_flat(cu, {#cu}, 'i64')})
     local slots = core.from_flat(slots_list, {N}, 'i64', dev)
     local x = to_residual(model, (model.embed:forward(b.ids)))
-    local hidden, routing = run_layers(model, cache, x, opts.routing, function(L, cl, xn, sel)
+    local hidden, routing = run_layers(model, cache, x, opts.routing, nil, function(L, cl, xn, sel)
         local a, _, topk = L.attn:forward(xn, b, sel)
         gattn.store_prefill(L, cl, cache, xn, b, slots)
         return a, topk
@@ -176,6 +183,14 @@ function M.prefill(cache, seqs, prompts, opts)
     return lunar.scope(prefill_run, model, cache, lists, slots_list, opts)
 end
 
+-- A decode step multiplies the rows of every sequence of the batch together (and the rows an
+-- expert gets depend on which other sequences are in the step), so every product of the step is
+-- row-invariant (the Linears, the MoE's router and experts, the absorbed MLA products): a
+-- sequence's bits do not depend on the others. BLAS's sgemm changes a row's bits with the number
+-- of rows. A prefill runs one prompt's rows only (lunar.generate prefills each prompt on its own)
+-- and keeps BLAS.
+local ROW_INVARIANT = {row_invariant = true}
+
 -- one decode step's forward, after the checks and the cache's append
 local function step_run(model, cache, seqs, list, slots_list, starts, opts)
     local B, dev = #seqs, model:device()
@@ -183,12 +198,13 @@ local function step_run(model, cache, seqs, list, slots_list, starts, opts)
     local step = {
         view = cache:view(seqs), slots = core.from_flat(slots_list, {B}, 'i64', dev),
         positions = core.from_flat(starts, {B, 1}, 'i64', dev), inv_freq = model.inv_freq, rope_scale = 1,
+        linear = ROW_INVARIANT,
     }
     local x = to_residual(model, (model.embed:forward(core.from_flat(list, {B}, 'i64', dev))))
-    local hidden, routing = run_layers(model, cache, x, opts.routing, function(L, cl, xn, sel)
+    local hidden, routing = run_layers(model, cache, x, opts.routing, ROW_INVARIANT, function(L, cl, xn, sel)
         return gattn.decode(L, cl, cache, xn, step, sel)
     end)
-    return {logits = head(model, hidden), routing = routing}
+    return {logits = head(model, hidden, ROW_INVARIANT), routing = routing}
 end
 
 function M.step(cache, seqs, tokens, opts)

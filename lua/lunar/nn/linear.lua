@@ -1,6 +1,8 @@
 -- lunar.nn.Linear: y = x W^T (+ b), W stored [out, in] like torch. x (N, in) -> y (N, out).
 -- With a LoRA adapter on this module in the store (lunar.nn.lora), y also gets the low-rank
 -- path s * dropout(x) A^T B^T, and backward its gradients.
+-- forward(x[, {row_invariant = true}]): the products (the adapter's too) row-invariant
+-- (lunar.ops.gemm: each row's bits independent of the other rows; generation's decode steps).
 local ops = require 'lunar.ops'
 local lora = require 'lunar.nn.lora'
 
@@ -16,11 +18,11 @@ end
 
 function Linear:weight() return self.store:get(self.wname) end
 
-function Linear:forward(x)
-    local y = ops.gemm(x, self.store:get(self.wname), {trans_b = true})
+function Linear:forward(x, opts)
+    local y = ops.gemm(x, self.store:get(self.wname), {trans_b = true, row_invariant = opts and opts.row_invariant})
     if self.bname then ops.add_(y, self.store:get(self.bname)) end
     local ad = self.store:adapter(self.name)
-    if ad then return y, {x = x, lora = lora.forward(ad, x, y), ad = ad} end
+    if ad then return y, {x = x, lora = lora.forward(ad, x, y, opts), ad = ad} end
     return y, {x = x}
 end
 

@@ -125,7 +125,9 @@ end
 local function as(x, dt) if x:dtype() ~= dt then return x:to(dt) end return x end
 
 -- out += s * dropout(x) A^T B^T; x (n, in), out (n, out). Returns what backward needs.
-function M.forward(ad, x, out)
+-- opts.row_invariant: both products row-invariant (lunar.ops.gemm; generation's decode steps)
+function M.forward(ad, x, out, opts)
+    local ri = opts and opts.row_invariant or nil
     local set = ad.set
     local A, B = set.params:get(ad.a_name), set.params:get(ad.b_name)
     local xd = as(x, A:dtype())
@@ -135,8 +137,8 @@ function M.forward(ad, x, out)
         draw = set.draws
         xd = ops.mul(xd, mask_of(ad, draw, x))
     end
-    local xa = ops.gemm(xd, A, {trans_b = true})                  -- (n, r)
-    local d = ops.gemm(xa, B, {trans_b = true, alpha = ad.scale})  -- (n, out)
+    local xa = ops.gemm(xd, A, {trans_b = true, row_invariant = ri})                  -- (n, r)
+    local d = ops.gemm(xa, B, {trans_b = true, alpha = ad.scale, row_invariant = ri})  -- (n, out)
     ops.add_(out, d)
     d:free()
     return {xa = xa, draw = draw}

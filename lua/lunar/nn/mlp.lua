@@ -55,11 +55,12 @@ local function activate_backward(act, da, g, u)
 end
 MLP.activate, MLP.activate_backward = activate, activate_backward
 
-function MLP:forward(x)
-    local g, sg = self.gate:forward(x)
-    local u, su = self.up:forward(x)
+-- forward(x[, opts]): opts go to the three Linears (row_invariant)
+function MLP:forward(x, opts)
+    local g, sg = self.gate:forward(x, opts)
+    local u, su = self.up:forward(x, opts)
     local a = activate(self.act, g, u)
-    local y, sd = self.down:forward(a)
+    local y, sd = self.down:forward(a, opts)
     return y, {g = g, u = u, sg = sg, su = su, sd = sd}
 end
 

@@ -3,7 +3,7 @@
 -- x (N, H) -> y (N, H). Spec: glm5-architecture.md sections 7, 9.2 and 14.3; docs/model.md.
 --
 --   local moe = MoE.new(store, 'model.layers.3.mlp', cfg[, {group_fill = -math.huge}])
---   local y, saved, routing = moe:forward(x[, {replay_idx = idx}])
+--   local y, saved, routing = moe:forward(x[, {replay_idx = idx, row_invariant = false}])
 --   local dx = moe:backward(dy, saved[, need_dx])
 --   local idx, w, sk = MoE.route(logits, bias, cfg[, {replay_idx =, group_fill =}])
 --
@@ -34,6 +34,11 @@
 --
 -- Routing replay (R3): opts.replay_idx (N, K) gives the expert ids to use; the weights are still
 -- computed from the current router at those ids, so the router gets its gradient.
+--
+-- opts.row_invariant: every product of the forward (router, experts, their adapters, shared
+-- experts) is row-invariant (lunar.ops.gemm's option): a token's output bits do not depend on the
+-- other tokens, whose number decides how many rows each expert gets. Generation's decode steps
+-- ask for it (a request must give the same bits alone or batched); training does not (BLAS).
 --
 -- LoRA: an expert projection with an adapter in the store (store:adapter(
 -- '<name>.experts.<e>.gate_proj'), lunar.nn.lora) adds its low-rank path to that expert's block
@@ -190,10 +195,11 @@ function MoE:forward(x, opts)
             shape_str(W), E, H))
     end
     local dt, dev = x:dtype(), x:device()
+    local ri = opts.row_invariant or nil
 
     -- router, in f32
     local x32 = x:to('f32')
-    local logits = ops.gemm(x32, W:to('f32'), {trans_b = true})     -- (N, E)
+    local logits = ops.gemm(x32, W:to('f32'), {trans_b = true, row_invariant = ri})     -- (N, E)
     local bias = store:has(self.bias_name) and store:get(self.bias_name) or nil
     local idx, w, sk = MoE.route(logits, bias, rc, {replay_idx = opts.replay_idx})
     logits:free()
@@ -243,13 +249,13 @@ function MoE:forward(x, opts)
             as[#as + 1], bs[#bs + 1], cs[#cs + 1] = xe, store:get(self.gate_names[h.e]), G:narrow(1, h.off, h.n)
             as[#as + 1], bs[#bs + 1], cs[#cs + 1] = xe, store:get(self.up_names[h.e]), U:narrow(1, h.off, h.n)
         end
-        ops.gemm_grouped(as, bs, {trans_b = true, out = cs})
+        ops.gemm_grouped(as, bs, {trans_b = true, out = cs, row_invariant = ri})
         if ls then   -- the adapters add their low-rank path into the base products
             for _, h in ipairs(hits) do
                 local xe = xs:narrow(1, h.off, h.n)
                 local ag, au = store:adapter(self.gate_mods[h.e]), store:adapter(self.up_mods[h.e])
-                if ag then ls.gate[h.e] = lora.forward(ag, xe, G:narrow(1, h.off, h.n)) end
-                if au then ls.up[h.e] = lora.forward(au, xe, U:narrow(1, h.off, h.n)) end
+                if ag then ls.gate[h.e] = lora.forward(ag, xe, G:narrow(1, h.off, h.n), ri and opts) end
+                if au then ls.up[h.e] = lora.forward(au, xe, U:narrow(1, h.off, h.n), ri and opts) end
             end
         end
         xs:free()
@@ -260,11 +266,11 @@ function MoE:forward(x, opts)
             as[#as + 1], bs[#bs + 1], cs[#cs + 1] = A:narrow(1, h.off, h.n), store:get(self.down_names[h.e]),
                 Y:narrow(1, h.off, h.n)
         end
-        ops.gemm_grouped(as, bs, {trans_b = true, out = cs})
+        ops.gemm_grouped(as, bs, {trans_b = true, out = cs, row_invariant = ri})
         if ls then
             for _, h in ipairs(hits) do
                 local ad = store:adapter(self.down_mods[h.e])
-                if ad then ls.down[h.e] = lora.forward(ad, A:narrow(1, h.off, h.n), Y:narrow(1, h.off, h.n)) end
+                if ad then ls.down[h.e] = lora.forward(ad, A:narrow(1, h.off, h.n), Y:narrow(1, h.off, h.n), ri and opts) end
             end
         end
         A:free()
@@ -276,7 +282,7 @@ function MoE:forward(x, opts)
     local saved = {x = x, x32 = x32, idx = idx, sk = sk, inv = inv, rows = rows, tok = tok, wsorted = wsorted,
                    hits = hits, G = G, U = U, Im = Im, lora = ls}
     if self.shared then
-        local ys, ss = self.shared:forward(x)
+        local ys, ss = self.shared:forward(x, ri and opts or nil)
         ops.add_(out, ys)
         ys:free()
         saved.shared = ss
