@@ -96,6 +96,7 @@ static const lunar_backend cpu_backend = {
     .attention_forward = lunar_cpu_attention_forward,
     .attention_backward = lunar_cpu_attention_backward,
     .index_scores = lunar_cpu_index_scores,
+    .attention_paged = lunar_cpu_attention_paged,
     .adamw_step = lunar_cpu_adamw_step,
     .fp8_block_dequant = lunar_cpu_fp8_block_dequant,
 };

@@ -126,6 +126,11 @@ lunar_status lunar_cpu_index_scores(lunar_ctx *ctx, lunar_tensor *scores, lunar_
                                     const lunar_tensor *ki, const lunar_tensor *w, const lunar_tensor *mask,
                                     float scale);
 
+/* attention_paged.c */
+lunar_status lunar_cpu_attention_paged(lunar_ctx *ctx, lunar_tensor *o, const lunar_tensor *q, const lunar_tensor *k,
+                                       const lunar_tensor *v, const lunar_tensor *table, const lunar_tensor *lengths,
+                                       const lunar_tensor *keys, int64_t block_size, float scale);
+
 /* adamw.c */
 lunar_status lunar_cpu_adamw_step(lunar_ctx *ctx, lunar_tensor *param, lunar_tensor *master, lunar_tensor *m,
                                   lunar_tensor *v, const lunar_tensor *grad, const lunar_adamw_hparams *hp);

@@ -211,6 +211,7 @@ static lunar_backend make_cuda_backend(void) {
     b.attention_forward = lunar_cuda_attention_forward;
     b.attention_backward = lunar_cuda_attention_backward;
     b.index_scores = lunar_cuda_index_scores;
+    b.attention_paged = lunar_cuda_attention_paged;
     b.adamw_step = lunar_cuda_adamw_step;
     b.fp8_block_dequant = lunar_cuda_fp8_block_dequant;
     return b;

@@ -185,6 +185,14 @@ struct lunar_backend {
                                        const lunar_tensor *dout, const lunar_tensor *o, const lunar_tensor *lse,
                                        const lunar_tensor *q, const lunar_tensor *k, const lunar_tensor *v,
                                        const lunar_tensor *keys, const lunar_tensor *mask, float scale);
+    /* paged decode attention (ops.h): q and o in one float dtype from float_dtypes; k and v in one
+     * float dtype of their own (f32, bf16 or f16: a backend whose float_dtypes lack it converts
+     * rows as it reads them), 2-D with unit stride along a row and their row stride in stride[0];
+     * table, lengths, keys contiguous i64 (keys NULL when absent); on the CPU every block id and
+     * length is in range (host-checked) */
+    lunar_status (*attention_paged)(lunar_ctx *ctx, lunar_tensor *o, const lunar_tensor *q, const lunar_tensor *k,
+                                    const lunar_tensor *v, const lunar_tensor *table, const lunar_tensor *lengths,
+                                    const lunar_tensor *keys, int64_t block_size, float scale);
     /* qi, ki in one float dtype; w, mask, scores f32; scores or topk may be NULL (not both) */
     lunar_status (*index_scores)(lunar_ctx *ctx, lunar_tensor *scores, lunar_tensor *topk, const lunar_tensor *qi,
                                  const lunar_tensor *ki, const lunar_tensor *w, const lunar_tensor *mask, float scale);

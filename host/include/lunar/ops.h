@@ -300,6 +300,30 @@ lunar_status lunar_attention_backward(lunar_ctx *ctx, lunar_tensor *dq, lunar_te
                                       const lunar_tensor *dout, const lunar_tensor *o, const lunar_tensor *lse,
                                       const lunar_tensor *q, const lunar_tensor *k, const lunar_tensor *v,
                                       const lunar_tensor *keys, const lunar_tensor *mask, float scale);
+/* Decode attention over a paged KV cache, read in place: one new query per sequence against the
+ * cached rows of its blocks (no gathered copy of the cache).
+ *   q (B, NH, Dq), o (B, NH, Dv);
+ *   k (R, Hk * Dq), v (R, Hk * Dv): the cache's rows, R = blocks * block_size; key head g is
+ *     columns g * Dq .. (g + 1) * Dq - 1 (v likewise); views with a unit stride along the row
+ *     are read as they are (v may be a narrowed view of k: MLA's latents are its keys' first
+ *     columns); query head h uses key head h / (NH / Hk);
+ *   table (B, NB) i64: sequence b's blocks; its token t is row
+ *     table[b, t / block_size] * block_size + t % block_size;
+ *   lengths (B) i64: sequence b's tokens, 1 <= lengths[b] <= NB * block_size;
+ *   keys (B, K) i64 or NULL: the positions sequence b attends (DSA's top-k, which lists them in
+ *     increasing order); an entry outside [0, lengths[b]) or not greater than the last attended
+ *     one counts nothing (so a repeat counts once). NULL: every position below lengths[b].
+ *   o[b, h] = sum_t p_t v_t, p = softmax_t(scale * q[b, h] . k_t) over the attended positions
+ *     (f32 math; 0 when none is attended).
+ * Each sequence is computed on its own in a fixed order (kernels/cpu/attention_paged.c,
+ * kernels/cuda/attention_paged.cu), so its bits do not depend on the other sequences of the call.
+ * k and v share a float dtype and are never copied (the CPU converts bf16 and f16 rows as it reads
+ * them); q and o are in the compute dtype of k's dtype (f32 on the CPU). A block id outside
+ * [0, blocks) or a length outside [1, NB * block_size] is an error naming the tensor (checked on
+ * the host for the CPU; CUDA records it for the next check point and skips the sequence). */
+lunar_status lunar_attention_paged(lunar_ctx *ctx, lunar_tensor *o, const lunar_tensor *q, const lunar_tensor *k,
+                                   const lunar_tensor *v, const lunar_tensor *table, const lunar_tensor *lengths,
+                                   const lunar_tensor *keys, int64_t block_size, float scale);
 /* DSA lightning-indexer score (GLM-5 / DeepSeek-V3.2), f32:
  *   scores (B, S, T)[b, s, t] = sum_h w[b, s, h] * relu(scale * dot(qi[b, s, h], ki[b, t])) + mask[b, s, t]
  *   qi (B, S, Hi, Di), ki (B, T, Di), w (B, S, Hi) f32, mask (B, S, T) additive f32 or NULL.

@@ -123,6 +123,7 @@ local function dsa_select(a, cl, cache, xn, q_resid, step)
     local keys = cache:gather(cl.ik, v)
     local _, sel = ops.index_scores(qr, keys, wts:view({B, 1, Hi}),
         {mask = v.mask, scale = Di ^ -0.5, topk = a.index_topk, scores = false})
+    keys:free()
     return sel
 end
 
@@ -165,11 +166,9 @@ local function mla_decode(a, cl, cache, xn, step, prev_sel)
     end
     ops.rope(q:narrow(3, Dn + 1, Dr):unsqueeze(2), step.positions, step.inv_freq,
         {layout = ropt.layout, scale = ropt.scale, out = qq:narrow(4, Rkv + 1, Dr)})
-    -- attention over the latents: one key/value head for all NH query heads
-    local kv = cache:gather(cl.kv, v):view({B, v.Lpad, 1, Rkv + Dr})
-    local o = ops.attention(qq, kv, kv:narrow(4, 1, Rkv),
-        {keys = sel or nil, mask = v.mask, scale = a.scaling})                  -- (B, 1, NH, Rkv)
-    kv:free()
+    -- attention over the latents, read in place: one key/value head for all NH query heads
+    local o = ops.attention_paged(qq:view({B, NH, Rkv + Dr}), cl.kv, cl.kv:narrow(2, 1, Rkv), v.table, v.lengths,
+        {block_size = cache.block_size, keys = sel and sel:view({B, sel:size(3)}) or nil, scale = a.scaling})  -- (B, NH, Rkv)
     -- per head W_uv (sum_t p_t c_t): (NH, B, Rkv) x (NH, Dv, Rkv)^T -> (B, NH, Dv)
     local ob = core.empty({B, NH, Dv}, dt, xn:device())
     local o_t = o:view({B, NH, Rkv}):transpose(1, 2)
@@ -194,11 +193,21 @@ local function gqa_decode(a, cl, cache, xn, step)
     local q = a.q_proj:forward(xn, step.linear)
     if a.q_norm then q = a.q_norm:forward(q:view({B * NH, hd})) end
     local qh = ops.rope(q:view({B, 1, NH, hd}), step.positions, step.inv_freq, ropt)
-    local K = cache:gather(cl.k, v):view({B, v.Lpad, nkv, hd})
-    local V = cache:gather(cl.v, v):view({B, v.Lpad, nkv, hd})
-    local o = ops.attention(qh, K, V, {mask = v.mask, scale = a.scaling})        -- (B, 1, NH, hd)
-    K:free(); V:free()
+    local o = ops.attention_paged(qh:view({B, NH, hd}), cl.k, cl.v, v.table, v.lengths,
+        {block_size = cache.block_size, scale = a.scaling})                                 -- (B, NH, hd)
     return a.o_proj:forward(o:view({B, NH * hd}), step.linear)
+end
+
+-- the dense mask of the DSA indexer's reads (cache:mask), made before the layers' scopes when a
+-- layer of the step will score: a full indexer layer whose index_topk some sequence exceeds
+function M.prepare_step(model, cache, v)
+    for _, L in ipairs(model.layers) do
+        local a = L.attn
+        if a.indexer_type == 'full' and v.max_len > a.index_topk then
+            cache:mask(v)
+            return
+        end
+    end
 end
 
 function M.decode(layer, cl, cache, xn, step, prev_sel)

@@ -48,7 +48,8 @@
 --   cache:sequences()                  the live sequence ids, ascending
 --   cache:release()                    frees the arena; the cache is unusable afterwards
 -- For lunar.generate (not for users): cache:append(ids, counts) reserves the next tokens,
--- cache:view(ids) describes the sequences' blocks for one step, cache:write / gather move rows.
+-- cache:view(ids) describes the sequences' blocks for one step (cache:mask(view) its dense
+-- mask), cache:write / gather move rows.
 local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local ops = require 'lunar.ops'
@@ -292,10 +293,11 @@ function Cache:append(ids, counts, who)
     return slots, starts
 end
 
--- view(ids) -> what one step needs to read the sequences' cache as dense (B, Lpad) blocks:
--- {B, nblk, Lpad, lens (Lua), max_len, block_ids (B * nblk) i64, mask (B, 1, Lpad) f32 with 0
--- at positions < length and finfo.min after them}, on the cache's device. Rows past a
--- sequence's blocks read its first block again (masked).
+-- view(ids) -> what one step needs to read the sequences' cache: {B, nblk, Lpad, lens (Lua),
+-- max_len, block_ids (B * nblk) i64, table (B, nblk) (the same ids: the paged attention's block
+-- table), lengths (B) i64}, on the cache's device. A sequence with fewer blocks repeats its
+-- first one (never read: its length ends before). cache:mask(view) adds the (B, 1, Lpad) f32
+-- mask of dense reads (0 at positions < length, finfo.min after).
 function Cache:view(ids)
     local bs, dev = self.block_size, self.model:device()
     local B, nblk, lens, max_len = #ids, 0, {}, 0
@@ -310,13 +312,22 @@ function Cache:view(ids)
         local blocks = self.seqs[id].blocks
         for j = 1, nblk do flat[(i - 1) * nblk + j] = blocks[j] or blocks[1] end
     end
-    local Lpad = nblk * bs
     local block_ids = core.from_flat(flat, {B * nblk}, 'i64', dev)
-    local len_t = core.from_flat(lens, {B, 1, 1}, 'f32', dev)
-    local pos = core.empty({1, 1, Lpad}, 'f32', dev):arange_(0, 1)
-    local mask = core.empty({B, 1, Lpad}, 'f32', dev):fill_(0)
-    ops.masked_fill_(mask, ops.ge(pos, len_t), masks.FMIN)
-    return {B = B, nblk = nblk, Lpad = Lpad, lens = lens, max_len = max_len, block_ids = block_ids, mask = mask}
+    return {B = B, nblk = nblk, Lpad = nblk * bs, lens = lens, max_len = max_len, block_ids = block_ids,
+            table = block_ids:view(B, nblk), lengths = core.from_flat(lens, {B}, 'i64', dev)}
+end
+
+-- mask(view) -> (B, 1, Lpad) f32: 0 at each sequence's positions < its length, finfo.min after
+-- (made once per view, for reads of gathered blocks)
+function Cache:mask(v)
+    if not v.mask then
+        local dev = self.model:device()
+        local len_t = core.from_flat(v.lens, {v.B, 1, 1}, 'f32', dev)
+        local pos = core.empty({1, 1, v.Lpad}, 'f32', dev):arange_(0, 1)
+        v.mask = core.empty({v.B, 1, v.Lpad}, 'f32', dev):fill_(0)
+        ops.masked_fill_(v.mask, ops.ge(pos, len_t), masks.FMIN)
+    end
+    return v.mask
 end
 
 -- write(t, slots, rows): rows (N, width) into rows `slots` ((N) i64, zero since their block

@@ -195,8 +195,10 @@ local ROW_INVARIANT = {row_invariant = true}
 local function step_run(model, cache, seqs, list, slots_list, starts, opts)
     local B, dev = #seqs, model:device()
     if model.inv_freq:device() ~= dev then model.inv_freq = model.inv_freq:to(dev) end
+    local view = cache:view(seqs)
+    gattn.prepare_step(model, cache, view)
     local step = {
-        view = cache:view(seqs), slots = core.from_flat(slots_list, {B}, 'i64', dev),
+        view = view, slots = core.from_flat(slots_list, {B}, 'i64', dev),
         positions = core.from_flat(starts, {B, 1}, 'i64', dev), inv_freq = model.inv_freq, rope_scale = 1,
         linear = ROW_INVARIANT,
     }

@@ -14,6 +14,13 @@
 --       scale default Di^-0.5; topk = k also returns the (B, S, k) i64 ids of the k largest
 --       scores per row (the set ops.topk selects, ties to the lower id) in increasing id order;
 --       scores = false skips the scores.
+--   attention_paged(q, k, v, table, lengths, {block_size=, keys=, scale=, out=})   -> o
+--       decode attention over a paged KV cache, read in place: q (B, NH, Dq), one query per
+--       sequence; k (R, Hk * Dq), v (R, Hk * Dv) the cache's rows (R = blocks * block_size; v
+--       may be a narrowed view of k); table (B, NB) i64 each sequence's blocks, lengths (B) i64
+--       its tokens; keys (B, K) i64 the positions to attend (increasing; nil = all below the
+--       length); scale default Dq^-0.5. o (B, NH, Dv). Each sequence is computed on its own in a
+--       fixed order (the same bits in any batch); the cache keeps its dtype (never copied).
 local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local C = core.ops
@@ -50,6 +57,25 @@ function M.attention_backward(dout, o, lse, q, k, v, opts)
     local dv = opts.dv or core.empty(v:size(), v:dtype(), v:device())
     C.attention_backward(dq, dk, dv, dout, o, lse, q, k, v, opts.keys, opts.mask, opts.scale or q:size(4) ^ -0.5)
     return dq, dk, dv
+end
+
+function M.attention_paged(q, k, v, tbl, lengths, opts)
+    opts = opts or {}
+    check(q, 'q', 'attention_paged')
+    check(v, 'v', 'attention_paged')
+    if q:dim() ~= 3 or v:dim() ~= 2 then
+        tensor.fail(('attention_paged: q must be 3-dim (B, NH, Dq) and v 2-dim (rows, Hk * Dv), got q (%s) and v (%s)'):format(
+            table.concat(q:size(), ', '), table.concat(v:size(), ', ')))
+    end
+    local bs = opts.block_size
+    if type(bs) ~= 'number' or bs < 1 or bs ~= math.floor(bs) then
+        tensor.fail(('attention_paged: block_size must be a positive integer, got %s'):format(tostring(bs)))
+    end
+    local NH, Dq = q:size(2), q:size(3)
+    check(k, 'k', 'attention_paged')
+    local Hk = k:dim() == 2 and math.max(1, math.floor(k:size(2) / Dq)) or 1
+    local o = opts.out or core.empty({q:size(1), NH, math.floor(v:size(2) / Hk)}, q:dtype(), q:device())
+    return C.attention_paged(o, q, k, v, tbl, lengths, opts.keys, bs, opts.scale or Dq ^ -0.5)
 end
 
 function M.index_scores(qi, ki, w, opts)
