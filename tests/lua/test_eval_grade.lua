@@ -53,7 +53,7 @@ T:test('fixture rows: score, verdict and extracted answer of every reference gra
             table.concat(failures, '\n', 1, math.min(#failures, 20))))
     end
     assert(total >= 300, 'the table has fewer than 300 rows')
-    for _, g in ipairs(grade.GRADERS) do assert((by_grader[g] or 0) >= 20, g .. ' has fewer than 20 rows') end
+    for _, g in ipairs(grade.GRADERS) do assert((by_grader[g] or 0) >= 300, g .. ' has fewer than 300 rows') end
 end)
 
 T:test('fixture cases each dataset rule decides differently', function()

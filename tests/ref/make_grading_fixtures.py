@@ -330,6 +330,295 @@ DAPO_CASES = [
     ("newline in gold", "Answer: 34", "34\n"),
 ]
 
+# ---- more cases, each response with one or more gold answers ---------------------------------
+# What RL rewards meet in practice: stop tokens left after the answer, long reasoning that the
+# 300-character clip cuts, thousands separators, units, LaTeX, zero-padded golds, "####" and
+# "Answer:" variants, nested \boxed{}.
+
+def expand(cases):
+    return [("%s [gold %s]" % (case, gold), response, gold) for case, response, golds in cases for gold in golds]
+
+
+# ~620 characters of reasoning with numbers in every line (what the flexible rule would pick up)
+REASONING = "".join("Step %d: %d apples plus %d apples make %d apples in basket %d.\n" % (i, 3 * i, i + 4, 4 * i + 4, i)
+                    for i in range(1, 12))
+STOPS = ["<|user|>", "<|endoftext|>", "</s>", "<|im_end|>", "<|eot_id|>", "<|observation|>"]
+
+
+def clip_edge(answer, k, pad="x"):
+    """The answer followed by k characters: the clip keeps the answer while len(answer) + k <= 300."""
+    return answer + pad * k
+
+
+GSM8K_MORE = [
+    # "#### N" variants
+    ("#### one space", "#### 72", ["72", "73"]),
+    ("#### tab", "####\t72", ["72"]),
+    ("#### three hashes", "### 72", ["72"]),
+    ("#### six hashes", "###### 72", ["72"]),
+    ("#### colon", "####: 72", ["72"]),
+    ("#### equals", "#### = 72", ["72"]),
+    ("#### dollar after the number", "#### 72$", ["72"]),
+    ("#### dollar and comma", "#### $1,000", ["1000"]),
+    ("#### escaped dollar", "#### \\$72", ["72"]),
+    ("#### bold", "#### **72**", ["72"]),
+    ("bold around ####", "**#### 72**", ["72"]),
+    ("#### in a sentence", "The final answer is #### 72 dollars.", ["72"]),
+    ("#### boxed", "#### \\boxed{72}", ["72"]),
+    ("#### dollar math", "#### $72$", ["72"]),
+    ("#### negative decimal", "#### -2.5", ["-2.5", "2.5"]),
+    ("#### minus then space", "#### - 5", ["-5"]),
+    ("#### unicode minus", "#### \u22125", ["-5"]),
+    ("#### parenthesised negative", "#### (-5)", ["-5"]),
+    ("#### decimal zero", "#### 72.0", ["72", "72.0"]),
+    ("#### two decimals", "#### 2.50", ["2.5", "2.50"]),
+    ("#### leading comma", "#### ,72", ["72"]),
+    ("#### trailing comma", "#### 72,", ["72"]),
+    ("#### misplaced comma", "#### 10,00", ["1000"]),
+    ("#### European decimal", "#### 1.234,5", ["1234.5", "1.2345"]),
+    ("#### million", "#### 1,234,567", ["1234567"]),
+    ("#### space thousands", "#### 1 000", ["1000"]),
+    ("#### leading dot", "#### .5", ["0.5", ".5"]),
+    ("#### arabic-indic digits", "#### \u0667\u0662", ["72"]),
+    ("#### empty then number", "####\n#### 72", ["72"]),
+    ("#### twice on a line", "#### 5 #### 7", ["5", "7"]),
+    ("#### three times", "#### 1\n#### 2\n#### 3", ["1", "3"]),
+    ("#### then a correction without ####", "#### 5\nActually it is 7.", ["5", "7"]),
+    ("#### at the start of the text", "#### 12\nBecause 3 * 4 = 12.", ["12"]),
+    ("#### after Answer:", "Answer: #### 72", ["72"]),
+    # zero-padded and zero golds
+    ("padded gold, plain answer", "#### 7", ["007", "7"]),
+    ("padded answer", "#### 007", ["007", "7"]),
+    ("zero", "#### 0", ["0", "00"]),
+    ("double zero", "#### 00", ["0"]),
+    ("minus zero", "#### -0", ["0", "-0"]),
+    # units and LaTeX around the number
+    ("#### number with unit", "#### 72 apples", ["72"]),
+    ("#### number with percent", "#### 72%", ["72"]),
+    ("#### money with cents", "#### $18.00", ["18", "18.00"]),
+    ("prose with unit", "She makes 18 dollars every day.", ["18"]),
+    ("prose with money", "She makes $18.00 every day.", ["18", "18.00"]),
+    ("boxed only", "So the answer is $\\boxed{72}$.", ["72"]),
+    ("Answer: line only", "Answer: 72", ["72"]),
+    ("fraction LaTeX", "#### \\frac{1}{2}", ["0.5"]),
+    ("thousands in prose", "The total is 1,000.", ["1000", "1,000", "1,000."]),
+    # stop tokens right after the answer
+] + [("#### then stop token %s" % s, "#### 72" + s, ["72"]) for s in STOPS] + [
+    ("#### then space and stop token", "#### 72 <|user|>", ["72"]),
+    ("#### then stop token and a new turn", "#### 72<|user|>\nWhat is 3 + 4?", ["72"]),
+    ("#### then stop token and another answer", "#### 72<|endoftext|>Question: next.\n#### 5", ["72", "5"]),
+    ("stop token with a digit", "#### 72<|reserved_special_token_0|>", ["72"]),
+    ("prose answer then stop token", "The answer is 72.</s>", ["72"]),
+    # long reasoning and the 300-character clip (verl clips, SkyRL reads everything)
+    ("long reasoning then ####", REASONING + "#### 72", ["72"]),
+    ("#### then long reasoning", "#### 72\n" + REASONING, ["72", "48"]),
+    ("long reasoning, wrong ####, long reasoning, right ####", "#### 5\n" + REASONING + "#### 72", ["72", "5"]),
+    ("right #### cut, wrong #### kept", "#### 72\n" + REASONING + "#### 5\n" + REASONING[:200], ["72", "5"]),
+    ("reasoning with no ####", REASONING, ["48", "11"]),
+] + [("#### then %d filler characters" % k, clip_edge("#### 72", k), ["72"]) for k in (292, 293, 294, 295, 296)] + [
+    ("#### then %d multibyte characters" % k, clip_edge("#### 72", k, "\u00e9"), ["72"]) for k in (293, 294)] + [
+    ("#### cut to its number", clip_edge("#### 12345", 295), ["12345", "2345", "45"]),
+]
+
+MATH_MORE = [
+    # nested \boxed{}
+    ("boxed inside boxed", "\\boxed{\\boxed{5}}", ["5", "\\boxed{5}"]),
+    ("boxed frac of sqrt", "\\boxed{\\frac{\\sqrt{2}}{2}}", ["\\frac{\\sqrt{2}}{2}", "\\frac{\\sqrt2}{2}"]),
+    ("boxed with deep braces", "\\boxed{\\left\\{ \\{1\\}, \\{2, 3\\} \\right\\}}", ["\\{\\{1\\},\\{2,3\\}\\}"]),
+    ("boxed exponent", "\\boxed{2^{10}}", ["2^{10}", "1024"]),
+    ("boxed then stray close brace", "\\boxed{5}}", ["5"]),
+    ("boxed with unbalanced open brace", "\\boxed{{5}", ["5"]),
+    ("two boxed, nested last", "\\boxed{3} then \\boxed{\\frac{1}{\\boxed{2}}}", ["\\frac{1}{\\boxed{2}}", "3"]),
+    # stop tokens after the answer
+] + [("boxed then stop token %s" % s, "The answer is \\boxed{5}." + s, ["5"]) for s in STOPS] + [
+    ("stop token inside boxed", "\\boxed{5<|user|>}", ["5"]),
+    ("boxed then stop token and another boxed", "\\boxed{5}<|endoftext|>Next: \\boxed{7}", ["5", "7"]),
+    # units, separators, LaTeX forms
+    ("unit text without space", "\\boxed{5\\text{cm}}", ["5"]),
+    ("unit with backslash space", "\\boxed{5\\ \\text{cm}}", ["5"]),
+    ("mbox unit", "\\boxed{5 \\mbox{ cm}}", ["5"]),
+    ("square units", "\\boxed{25 \\text{ cm}^2}", ["25"]),
+    ("braced comma thousands", "\\boxed{1{,}000}", ["1000", "1{,}000"]),
+    ("thin space thousands", "\\boxed{1\\,000}", ["1000"]),
+    ("million", "\\boxed{1,000,000}", ["1000000", "1,000,000"]),
+    ("padded integer", "\\boxed{007}", ["7", "007"]),
+    ("padded gold", "\\boxed{7}", ["007"]),
+    ("dollars in text", "\\boxed{\\text{\\$}5}", ["5"]),
+    ("infinity", "\\boxed{\\infty}", ["\\infty"]),
+    ("negative infinity interval", "\\boxed{(-\\infty, 3]}", ["(-\\infty,3]"]),
+    ("set", "\\boxed{\\{1, 2\\}}", ["\\{1,2\\}"]),
+    ("letter choice", "\\boxed{\\text{(A)}}", ["A", "\\text{(A)}"]),
+    ("plain letter", "\\boxed{A}", ["A", "(A)"]),
+    ("degrees word", "\\boxed{30 \\text{ degrees}}", ["30"]),
+    ("x equals", "\\boxed{x = 5}", ["5", "x=5"]),
+    ("y equals with long name", "\\boxed{xyz = 5}", ["5"]),
+    ("two equals", "\\boxed{x = y = 5}", ["5"]),
+    ("sqrt over", "\\boxed{\\sqrt{2}/2}", ["\\frac{\\sqrt{2}}{2}"]),
+    ("decimal", "\\boxed{2.50}", ["2.5", "2.50"]),
+    ("frac a/b with spaces", "\\boxed{3 / 4}", ["\\frac{3}{4}"]),
+    ("dfrac negative exponent", "\\boxed{2^{-\\dfrac{1}{2}}}", ["2^{-\\frac{1}{2}}"]),
+    ("cdot", "\\boxed{2 \\cdot 3}", ["2\\cdot3", "6"]),
+    ("pm", "\\boxed{\\pm 2}", ["\\pm2"]),
+    # where the answer sits
+    ("Answer: line, no boxed", "Answer: 5", ["5"]),
+    ("boxed early, long reasoning after", "\\boxed{5}\n" + REASONING, ["5"]),
+    ("long reasoning, then boxed", REASONING + "So \\boxed{48}.", ["48"]),
+    ("boxed in dollars", "$\\boxed{5}$", ["5"]),
+    ("double dollars", "$$\\boxed{5}$$", ["5"]),
+    ("boxed space form with newline", "\\boxed 5\nand so on", ["5", "5\nand so on"]),
+]
+
+DAPO_MORE = [
+    # "Answer:" variants
+    ("bold Answer label", "**Answer:** 34", ["34"]),
+    ("bold Answer line", "**Answer: 34**", ["34"]),
+    ("Final answer label", "Final answer: 34", ["34"]),
+    ("Answer then period", "Answer: 34.", ["34"]),
+    ("Answer with boxed in dollars", "Answer: $\\boxed{34}$", ["34"]),
+    ("Answer with explanation", "Answer: 34 (since 2 * 17 = 34)", ["34"]),
+    ("Answer equation with dollars", "Answer: $x = 34$", ["34"]),
+    ("Answer with two equals", "Answer: 34 = 34", ["34"]),
+    ("Answer is, no colon", "The answer is 34", ["34"]),
+    ("Answer colon then boxed later", "Answer:\n\nSo \\boxed{34}", ["34"]),
+    ("empty Answer line then boxed", "Answer: \n\\boxed{34}", ["34"]),
+    # stop tokens right after the answer (verl keeps the tag, SkyRL stops at '<')
+] + [("Answer then stop token %s" % s, "Answer: 34" + s, ["34"]) for s in STOPS] + [
+    ("Answer, space, stop token", "Answer: 34 <|user|>", ["34"]),
+    ("Answer, stop token, another Answer", "Answer: 34<|user|>\nAnswer: 35", ["34", "35"]),
+    ("Answer, stop token, new turn", "Answer: 34<|endoftext|>\nUser: thanks", ["34"]),
+    ("boxed then stop token", "So \\boxed{34}<|endoftext|>", ["34"]),
+    ("less-than inside the answer", "Answer: x<3", ["x<3", "3"]),
+    # units, separators, LaTeX
+    ("degrees symbol", "Answer: 34^\\circ", ["34"]),
+    ("square units", "Answer: 34 square units", ["34"]),
+    ("mph", "Answer: 34 mph", ["34"]),
+    ("inches", "Answer: 34 inches", ["34"]),
+    ("cm squared", "Answer: 34 cm^2", ["34"]),
+    ("percent word", "Answer: 34 percent", ["34"]),
+    ("dollar sign", "Answer: \\$34", ["34"]),
+    ("braced comma thousands", "Answer: 1{,}000", ["1000"]),
+    ("thin space thousands", "Answer: 1\\,000", ["1000"]),
+    ("misplaced comma", "Answer: 10,00", ["1000"]),
+    ("million", "Answer: 1,000,000", ["1000000"]),
+    ("period thousands", "Answer: 1.000", ["1000"]),
+    ("dfrac", "Answer: \\dfrac{1}{2}", ["\\frac{1}{2}", "\\dfrac{1}{2}"]),
+    ("a/b", "Answer: 1/2", ["\\frac{1}{2}", "1/2"]),
+    ("sqrt", "Answer: \\sqrt{2}", ["\\sqrt{2}", "\\sqrt2"]),
+    ("pi", "Answer: 2\\pi", ["2\\pi"]),
+    ("ordered pair with spaces", "Answer: (1, 2)", ["(1,2)"]),
+    ("choice letter", "Answer: (A)", ["A", "(A)"]),
+    ("text choice", "Answer: \\text{(A)}", ["(A)"]),
+    ("nested boxed on the Answer line", "Answer: \\boxed{\\boxed{34}}", ["34"]),
+    ("boxed frac of sqrt on the Answer line", "Answer: \\boxed{\\frac{\\sqrt{2}}{2}}", ["\\frac{\\sqrt{2}}{2}"]),
+    # zero-padded golds
+    ("padded gold 007", "Answer: 7", ["007", "7"]),
+    ("padded answer 007", "Answer: 007", ["007", "7"]),
+    ("zero", "Answer: 0", ["0", "000"]),
+    ("negative padded", "Answer: -7", ["-007", "-7"]),
+    ("boxed only, padded answer", "So the result is \\boxed{007}", ["7", "007"]),
+    # the \boxed{} fallback: raw text, last 100 characters
+    ("boxed only, units", "So the result is \\boxed{34 \\text{ cm}}", ["34"]),
+    ("boxed only, thousands", "So the result is \\boxed{1,000}", ["1000", "1,000"]),
+    ("boxed only, dollars", "So the result is \\boxed{$34$}", ["34"]),
+    ("boxed only, nested", "So \\boxed{\\boxed{34}}", ["34", "\\boxed{34}"]),
+    ("boxed only, frac of sqrt", "So \\boxed{\\frac{\\sqrt{2}}{2}}", ["\\frac{\\sqrt{2}}{2}"]),
+    ("boxed only, unclosed", "So \\boxed{34", ["34"]),
+    ("boxed then Answer", "\\boxed{12}\nAnswer: 34", ["34", "12"]),
+] + [("boxed only, then %d characters" % k, clip_edge("\\boxed{34}", k), ["34"]) for k in (89, 90, 91)] + [
+    # long reasoning and the 300-character clip
+    ("long reasoning then Answer", REASONING + "Answer: 34", ["34"]),
+    ("Answer then long reasoning", "Answer: 34\n" + REASONING, ["34", "48"]),
+    ("Answer cut to its tail", "Answer: 12345\n" + "x" * 292, ["12345", "45"]),
+    ("right Answer cut, wrong kept", "Answer: 34\n" + REASONING + "Answer: 35\n" + "y" * 100, ["34", "35"]),
+] + [("Answer then %d filler characters" % k, clip_edge("Answer: 34\n", k), ["34"]) for k in (288, 289, 290, 291)] + [
+    ("Answer then %d multibyte characters" % k, clip_edge("Answer: 34\n", k, "\u6570"), ["34"]) for k in (289, 290)]
+
+# worked solutions as models write them, and padding tokens decoded after the answer
+JANET = ("Janet sells 16 - 3 - 4 = <<16-3-4=9>>9 duck eggs a day.\n"
+         "She makes 9 * 2 = $<<9*2=18>>18 every day at the farmer\u2019s market.\n")
+GSM8K_MORE += [
+    ("worked solution with calculator annotations", JANET + "#### 18", ["18", "9"]),
+    ("worked solution, answer without ####", JANET + "The answer is 18.", ["18", "9"]),
+    ("worked solution then the next question", JANET + "#### 18\n\nQuestion: A robe takes 2 bolts.", ["18", "2"]),
+    ("The answer is: N", "The answer is: 18", ["18"]),
+    ("boxed in a sentence", "Therefore, the answer is $\\boxed{18}$.", ["18"]),
+    ("bare number", "18", ["18", "18.0"]),
+    ("#### repeated", "#### 18\n\n#### 18", ["18"]),
+    ("#### no space, unit", "####18 dollars", ["18"]),
+    ("#### with an expression", "#### 18 - 2 = 16", ["18", "16"]),
+    ("#### with a note", "#### 16 (18 - 2)", ["16", "2"]),
+    ("#### dollar then minus", "#### $-18", ["-18"]),
+    ("#### minus then dollar", "#### -$18", ["-18"]),
+    ("#### negative with cents", "#### -18.75", ["-18.75"]),
+    ("#### two periods", "#### 18.5.3", ["18.5.3", "18.5"]),
+    ("#### exponent", "#### 1e3", ["1000", "1"]),
+    ("#### fraction", "#### 3/4", ["0.75", "3"]),
+    ("#### comma between digits", "#### 1,8", ["18"]),
+    ("#### no-break space after", "#### 18\u00a0", ["18"]),
+    ("#### carriage return", "#### 18\r\n", ["18"]),
+    ("full-width hashes", "\uff03\uff03\uff03\uff03 18", ["18"]),
+    ("Chinese reasoning then ####", "\u6570\u5b66 " * 150 + "#### 18", ["18"]),
+    ("#### then padding tokens past the clip", "#### 18" + "<|endoftext|>" * 30, ["18"]),
+    ("#### then padding tokens inside the clip", "#### 18" + "<|endoftext|>" * 20, ["18"]),
+    ("#### then 74 </s>", "#### 18" + "</s>" * 74, ["18"]),
+    ("#### then 73 </s>", "#### 18" + "</s>" * 73, ["18"]),
+    ("think block with a wrong #### then the answer", "<think>maybe #### 17</think>\n#### 18", ["18", "17"]),
+    ("LaTeX thousands", "#### 1{,}000", ["1000"]),
+    ("LaTeX thin space thousands", "#### 1\\,000", ["1000"]),
+    ("#### in a code block", "```\n#### 18\n```", ["18"]),
+    ("#### after a markdown heading", "### Final answer\n#### 18", ["18"]),
+]
+
+MATH_MORE += [
+    ("worked solution", "The cube has side 6, so its volume is $6^3 = \\boxed{216}$ cubic inches.", ["216", "6"]),
+    ("boxed in an align block", "\\begin{align*} x &= \\boxed{3} \\end{align*}", ["3"]),
+    ("boxed after a think block", "<think>maybe \\boxed{2}</think>\nSo \\boxed{3}.", ["3", "2"]),
+]
+
+DAPO_MORE += [
+    ("worked solution with Answer", "We have $a + b + c = 34$.\n\nAnswer: 34", ["34", "33"]),
+    ("Answer with spaces and a trailing period", "Answer:   34 .", ["34"]),
+    ("Answer in a think block only", "<think>Answer: 34</think>", ["34"]),
+    ("think block then Answer", "<think>Answer: 12</think>\nAnswer: 34", ["34", "12"]),
+    ("Answer: with an expression", "Answer: 2 + 32 = 34", ["34"]),
+    ("Answer with a text unit word", "Answer: 34 \\text{ units}", ["34"]),
+    ("Answer then padding tokens", "Answer: 34" + "<|endoftext|>" * 30, ["34"]),
+    ("Answer as a markdown item", "- Answer: 34", ["34"]),
+    ("Answer with thousands and dollars", "Answer: \\$1,000", ["1000"]),
+    ("Answer big integer with commas", "Answer: 12,345,678,901,234,567,890", ["12345678901234567890"]),
+]
+
+GSM8K_MORE += [
+    ("#### then stop token then digits", "#### 18<|user|>7", ["18", "7"]),
+    ("#### then a sentence with a number", "#### 18\nThat is 2 more than 16.", ["18", "16"]),
+    ("#### with a trailing period and newline", "#### 18.\n", ["18", "18."]),
+    ("#### with dollar and cents", "#### $18.50", ["18.50", "18.5"]),
+    ("#### big number", "#### 109200000", ["109200000", "109,200,000"]),
+    ("Answer: then ####", "Answer: 17\n#### 18", ["18", "17"]),
+    ("#### then Answer:", "#### 18\nAnswer: 17", ["18", "17"]),
+    ("#### then boxed", "#### 18\n\\boxed{17}", ["18", "17"]),
+    ("#### with spaces around", "   ####   18   ", ["18"]),
+    ("#### negative thousands", "#### -1,000", ["-1000"]),
+    ("#### then percent sign and period", "#### 50%.", ["50"]),
+    ("#### in parentheses", "(#### 18)", ["18"]),
+]
+
+MATH_MORE += [
+    ("boxed, then stop token and padding", "\\boxed{216}" + "<|endoftext|>" * 30, ["216"]),
+    ("boxed with text and number", "\\boxed{\\text{5 apples}}", ["5", "\\text{5apples}"]),
+]
+
+DAPO_MORE += [
+    ("Answer with a padded stop token run", "Answer: 034</s></s>", ["034", "34"]),
+    ("Answer lower case then stop token", "answer: 34<|im_end|>", ["34"]),
+    ("Answer then boxed on the next line", "Answer: 12\n\\boxed{34}", ["34", "12"]),
+    ("boxed only with Answer word earlier and no colon", "The answer \\boxed{34}", ["34"]),
+]
+
+GSM8K_CASES += expand(GSM8K_MORE)
+MATH_CASES += expand(MATH_MORE)
+DAPO_CASES += expand(DAPO_MORE)
+
 # Responses run through every grader: the same text scores differently under each dataset's rule.
 CROSS_CASES = [
     ("0.5 vs frac 1/2 in every form", ["#### 0.5", "Answer: 0.5", "\\boxed{0.5}"], ["\\frac{1}{2}", "0.5"]),
