@@ -200,6 +200,23 @@ T:test('LoRA adapters: the RL backward reaches them like the SFT backward', func
     assert(n > 4, 'adapter gradients compared: ' .. n)
 end)
 
+T:test('entropy in chunks of 3 rows (N not a multiple) = one chunk, forward and backward bit for bit', function()
+    local z = lunar.randn(13, 37, {rng = lunar.core.rng_new(4)})
+    local _, _, lse = ops.cross_entropy(z, lunar.zeros(13, {dtype = 'i64'}))
+    local dH = lunar.randn(13, {rng = lunar.core.rng_new(6)})
+    local h1 = glm.entropy(z, lse)
+    local d1 = glm.entropy_backward_(lunar.zeros(13, 37), z, lse, h1, dH)
+    local saved = glm.entropy_chunk_elems
+    glm.entropy_chunk_elems = 3 * 37
+    local ok, err = pcall(function()
+        local h3 = glm.entropy(z, lse)
+        T.equal(h3, h1, 'entropy')
+        T.equal(glm.entropy_backward_(lunar.zeros(13, 37), z, lse, h3, dH), d1, 'entropy backward')
+    end)
+    glm.entropy_chunk_elems = saved
+    assert(ok, err)
+end)
+
 T:test('misuse: one clear error each', function()
     local model, batch = load_case('glm4moe')
     local B, S = batch.input_ids:size(1), batch.input_ids:size(2)

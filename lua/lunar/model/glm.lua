@@ -239,12 +239,13 @@ end
 
 -- ---- entropy of the token distributions -------------------------------------------------------
 
--- Rows per chunk of the entropy's (rows, V) temporaries: about 4M elements (16 MiB in f32), so
--- the extra memory stays small next to the (N, V) logits whatever N is.
-local ENTROPY_CHUNK_ELEMS = 4194304
+-- Elements per chunk of the entropy's (rows, V) temporaries: about 4M (16 MiB in f32), so the
+-- extra memory stays small next to the (N, V) logits whatever N is (a field, so tests can make
+-- chunks of a few rows).
+M.entropy_chunk_elems = 4194304
 
 local function entropy_chunks(N, V, fn)
-    local rows = math.max(1, math.floor(ENTROPY_CHUNK_ELEMS / math.max(V, 1)))
+    local rows = math.max(1, math.floor(M.entropy_chunk_elems / math.max(V, 1)))
     for first = 1, N, rows do fn(first, math.min(rows, N - first + 1)) end
 end
 
