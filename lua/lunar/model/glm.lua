@@ -5,6 +5,9 @@
 --   local m = glm.new(cfg, {seed = 1})                 -- cfg: validated (lunar.model.config)
 --   local out = m:forward(batch, {loss = true})        -- out.logits (B, T, V), out.loss (number)
 --   m:backward()                                       -- gradients of out.loss into m.params
+--   local out = m:forward(batch, {logprobs = true, entropy = true, temperature = 0.7})   -- RL
+--   m:backward{dlogprobs = (B, T), dentropy = (B, T)}  -- gradients of sum(dlogprobs * logprobs
+--                                                      -- + dentropy * entropy)
 --
 -- batch = {input_ids = (B, T) i64, labels = (B, T) i64 (HF convention: shifted inside, -100
 -- ignored), attention_mask = (B, T) (1 = token, 0 = padding), position_ids = (B, T),
@@ -234,6 +237,51 @@ function Model:targets(batch, b, shift)
     return tg:view(B * T)
 end
 
+-- ---- entropy of the token distributions -------------------------------------------------------
+
+-- Elements per chunk of the entropy's (rows, V) temporaries: about 4M (16 MiB in f32), so the
+-- extra memory stays small next to the (N, V) logits whatever N is (a field, so tests can make
+-- chunks of a few rows).
+M.entropy_chunk_elems = 4194304
+
+local function entropy_chunks(N, V, fn)
+    local rows = math.max(1, math.floor(M.entropy_chunk_elems / math.max(V, 1)))
+    for first = 1, N, rows do fn(first, math.min(rows, N - first + 1)) end
+end
+
+-- entropy(z, lse) -> H (N) f32: H = -sum_v p log p of softmax(z) per row, with log p = z - lse
+-- (lse from ops.cross_entropy on the same z (N, V)). Computed in f32 chunk by chunk.
+function M.entropy(z, lse)
+    local N, V = z:size(1), z:size(2)
+    local H = core.empty({N}, 'f32', z:device())
+    entropy_chunks(N, V, function(first, n)
+        local logp = ops.sub(z:narrow(1, first, n), lse:narrow(1, first, n):float():view(n, 1))   -- (n, V) f32
+        local p = ops.exp(logp)
+        ops.mul_(p, logp)
+        ops.sum(p, 2, {out = H:narrow(1, first, n)})
+        logp:free()
+        p:free()
+    end)
+    return ops.mul_(H, -1)
+end
+
+-- entropy_backward_(dz, z, lse, H, dH): dz (N, V) += dH * dH/dz, where dH/dz_v = -p_v (log p_v
+-- + H) for each row (the softmax backward of -(log p + 1)); dH (N).
+function M.entropy_backward_(dz, z, lse, H, dH)
+    local N, V = z:size(1), z:size(2)
+    entropy_chunks(N, V, function(first, n)
+        local logp = ops.sub(z:narrow(1, first, n), lse:narrow(1, first, n):float():view(n, 1))   -- (n, V) f32
+        local p = ops.exp(logp)
+        ops.add_(logp, H:narrow(1, first, n):view(n, 1))            -- log p + H
+        ops.mul_(logp, p)
+        ops.mul_(logp, ops.neg(dH:narrow(1, first, n)):view(n, 1))
+        ops.add_(dz:narrow(1, first, n), logp)
+        logp:free()
+        p:free()
+    end)
+    return dz
+end
+
 -- ---- forward / backward -----------------------------------------------------------------------
 
 -- the f32 residual stream's view of a sub-block: its input in the compute dtype, its output in f32
@@ -273,11 +321,15 @@ end
 
 -- forward(batch, opts) -> out
 --   opts.loss: compute the HF loss (needs batch.labels); opts.logprobs: per-token log-probs of
---   the targets (B, T) (0 where ignored); opts.mtp: also the MTP loss (out.mtp_loss);
+--   the targets (B, T) (0 where ignored); opts.temperature (default 1): the logits are divided
+--   by it in place before the log-softmax (RL trainers recompute log-probs at the rollout's
+--   temperature), so out.logits, the loss and the log-probs are those of the scaled logits;
+--   opts.entropy: out.entropy (B, T) f32, the entropy of each position's (scaled) token
+--   distribution, at every position; opts.mtp: also the MTP loss (out.mtp_loss);
 --   opts.num_items_in_batch: loss = sum / this (HF's convention for gradient accumulation)
 --   instead of the mean over valid targets; opts.keep (default true when loss): keep what
 --   backward() needs.
--- out = {logits = (B, T, V), loss =, logprobs =, routing = {[layer] = {idx=, weights=}},
+-- out = {logits = (B, T, V), loss =, logprobs =, entropy =, routing = {[layer] = {idx=, weights=}},
 --        topk = {[layer] = (B, T, k)}, hidden = (N, H) final hidden state before the norm}
 function Model:forward(batch, opts)
     opts = opts or {}
@@ -302,6 +354,12 @@ function Model:forward(batch, opts)
     local logits, s_head = self.lm_head:forward(xf)
     self:_emit('lm_head', 'output', logits)
     saved.norm, saved.head = s_norm, s_head
+    local temperature = opts.temperature or 1
+    if type(temperature) ~= 'number' or not (temperature > 0) or temperature == math.huge then
+        fail(('forward: opts.temperature must be a number > 0, got %s'):format(tostring(opts.temperature)))
+    end
+    -- in place: no second (N, V) tensor; at 1 the logits are untouched (the SFT path's bits)
+    if temperature ~= 1 then ops.div_(logits, temperature) end
     local out = {logits = logits:view(b.B, b.T, logits:size(2)), routing = routing, topk = topks, hidden = hidden}
     local want_loss = opts.loss or opts.logprobs
     if want_loss then
@@ -313,7 +371,19 @@ function Model:forward(batch, opts)
         local denom = opts.num_items_in_batch or math.max(ops.sum(ops.ne(tg, -100):float()):item(), 1)
         out.loss = ops.sum(loss):item() / denom
         out.logprobs = lp:view(b.B, b.T)
-        saved.ce = {logits = logits, lse = lse, targets = tg, denom = denom}
+        saved.ce = {logits = logits, lse = lse, targets = tg, denom = denom, temperature = temperature}
+    end
+    if opts.entropy then
+        local lse = saved.ce and saved.ce.lse
+        if not lse then
+            -- no labels asked for: the log-sum-exp of each row through any valid target
+            local _, _, l = ops.cross_entropy(logits, core.empty({b.N}, 'i64', logits:device()):fill_(0))
+            lse = l
+            saved.ce = {logits = logits, lse = lse, temperature = temperature}
+        end
+        local H = M.entropy(logits, lse)
+        out.entropy = H:view(b.B, b.T)
+        saved.entropy = H
     end
     if opts.mtp and #self.mtp > 0 then
         out.mtp_loss = self:_mtp_forward(batch, b, xf, saved)
@@ -362,13 +432,60 @@ local function ce_backward(ce, scale)
     return ops.cross_entropy_backward(dloss, ce.logits, ce.lse, ce.targets)
 end
 
+-- (B, T) or (B*T) gradient of a per-position output as an f32 (N) vector
+local function per_position(name, g, N)
+    if not tensor.is_tensor(g) or g:numel() ~= N then
+        fail(('backward: %s must be a (B, T) tensor of %d elements, got %s'):format(name, N,
+            tensor.is_tensor(g) and ('(' .. table.concat(g:size(), ', ') .. ')') or ('a ' .. type(g))))
+    end
+    return g:contiguous():view(N):float()
+end
+
+-- d(sum dlogprobs * logprobs + dentropy * entropy) / d(logits): the log-probs' part through the
+-- cross-entropy backward (d logp / dz = onehot - p, so dloss = -dlogprobs; ignored targets get
+-- 0), the entropy's part added chunk by chunk, then the temperature's 1/T
+local function rl_dlogits(self, saved, opts)
+    local ce = saved.ce
+    local N = ce.logits:size(1)
+    local dz
+    if opts.dlogprobs ~= nil then
+        if not ce.targets then fail('backward: dlogprobs needs forward(batch, {logprobs = true}) first') end
+        local dlp = per_position('dlogprobs', opts.dlogprobs, N)
+        dz = ops.cross_entropy_backward(ops.neg(dlp), ce.logits, ce.lse, ce.targets)
+    else
+        dz = core.empty(ce.logits:size(), ce.logits:dtype(), ce.logits:device()):fill_(0)
+    end
+    if opts.dentropy ~= nil then
+        if not saved.entropy then fail('backward: dentropy needs forward(batch, {entropy = true}) first') end
+        M.entropy_backward_(dz, ce.logits, ce.lse, saved.entropy, per_position('dentropy', opts.dentropy, N))
+    end
+    return dz
+end
+
 -- backward({loss_scale = 1, mtp_scale = 0}): accumulates d(loss_scale * loss + mtp_scale *
--- mtp_loss) into the parameter gradients. Returns the sum of the indexer losses (0 when off).
+-- mtp_loss) into the parameter gradients. backward({dlogprobs = (B, T), dentropy = (B, T)}) (RL;
+-- either may be nil, mtp_scale allowed) accumulates d(sum dlogprobs * logprobs + dentropy *
+-- entropy) instead, for the log-probs and entropy of the last forward (at its temperature).
+-- Returns the sum of the indexer losses (0 when off).
 function Model:backward(opts)
     opts = opts or {}
     local saved = self.saved
-    if not saved or not saved.ce then fail('backward: call forward(batch, {loss = true}) first') end
-    local dlogits = ce_backward(saved.ce, opts.loss_scale or 1)
+    local rl = opts.dlogprobs ~= nil or opts.dentropy ~= nil
+    if not saved or not saved.ce then
+        fail(rl and 'backward: call forward(batch, {logprobs = true, entropy = ...}) first'
+            or 'backward: call forward(batch, {loss = true}) first')
+    end
+    local dlogits
+    if rl then
+        if opts.loss_scale ~= nil then
+            fail('backward: give either loss_scale (the loss) or dlogprobs / dentropy (RL), not both')
+        end
+        dlogits = rl_dlogits(self, saved, opts)
+    else
+        if not saved.ce.targets then fail('backward: call forward(batch, {loss = true}) first') end
+        dlogits = ce_backward(saved.ce, opts.loss_scale or 1)
+    end
+    if saved.ce.temperature ~= 1 then ops.div_(dlogits, saved.ce.temperature) end
     local dx = self.lm_head:backward(dlogits, saved.head)     -- gradient of the final norm's output
     if saved.mtp and (opts.mtp_scale or 0) ~= 0 then
         local s = saved.mtp
