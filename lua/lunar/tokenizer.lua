@@ -47,7 +47,7 @@ end
 
 local ENC = {special = true, tensor = true}
 local BATCH = {special = true, tensor = true, flat = true}
-local DEC = {skip_special = true}
+local DEC = {skip_special = true, skip_unknown = true}
 
 -- tok:encode(text, {special = true, tensor = false}) -> {ids} or a 1-D i64 tensor
 function Tokenizer:encode(text, opts)
@@ -65,13 +65,24 @@ function Tokenizer:encode_batch(texts, opts)
     return self._t:encode_batch(texts, opts.special == false, mode)
 end
 
--- tok:decode(ids, {skip_special = false}) -> string; ids: a table of ids or an integer tensor
+-- tok:decode(ids, {skip_special = false, skip_unknown = false}) -> string; ids: a table of ids or
+-- an integer tensor. An id the vocabulary does not have is an error, or, with skip_unknown, left
+-- out, as Hugging Face tokenizers' decode does (a model whose embedding is padded past the
+-- vocabulary, as GLM-5's is, may sample such an id)
 function Tokenizer:decode(ids, opts)
     opts = check_opts(opts, 'decode', DEC)
     if type(ids) == 'userdata' and ids.tolist_flat then
-        ids = ids:to('cpu'):to('i64'):contiguous()
+        ids = opts.skip_unknown and ids:to('cpu'):to('i64'):contiguous():tolist_flat()
+            or ids:to('cpu'):to('i64'):contiguous()
     elseif type(ids) ~= 'table' then
         fail('decode: expected a table of ids or a tensor, got ' .. type(ids))
+    end
+    if opts.skip_unknown then
+        local known = {}
+        for _, id in ipairs(ids) do
+            if type(id) ~= 'number' or self._t:id_to_token(id) ~= nil then known[#known + 1] = id end
+        end
+        ids = known
     end
     return self._t:decode(ids, opts.skip_special)
 end

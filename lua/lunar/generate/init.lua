@@ -264,7 +264,7 @@ function M.run(model, prompts, opts)
     local tail_tokens = 2
     for _, st in ipairs(stops) do tail_tokens = math.max(tail_tokens, #st + 2) end
 
-    local function full_text(res) return tok:decode(res.ids, {skip_special = true}) end
+    local function full_text(res) return tok:decode(res.ids, {skip_special = true, skip_unknown = true}) end
 
     -- appends token t (with its logprobs) to sample s; ends s on a stop token, string or length
     local function push(s, t, lp, plp)
@@ -275,7 +275,8 @@ function M.run(model, prompts, opts)
         new_tokens = new_tokens + 1
         if #stops > 0 then
             local n = #res.ids
-            local tail = tok:decode({unpack(res.ids, math.max(1, n - tail_tokens + 1), n)}, {skip_special = true})
+            local tail = tok:decode({unpack(res.ids, math.max(1, n - tail_tokens + 1), n)},
+                {skip_special = true, skip_unknown = true})
             if find_stop(tail, stops, 1) then
                 -- a stop string has just appeared: the first one in the whole text ends the sample
                 local text = full_text(res)
