@@ -140,6 +140,53 @@ M.defaults = {
     },
 }
 
+-- the settings only the RL recipes (gsm8k.lua: GRPO, dapo.lua: DAPO) have, merged over the ones
+-- above for those kinds; data.train and data.valid are then JSONL files of problems (a question
+-- and a gold answer per row), train.steps counts rollout steps and train.eval_every the greedy
+-- accuracy on data.valid
+M.rl_defaults = {
+    rl = {
+        reward = 'gsm8k',        -- the grader (lunar.rl.rewards: gsm8k, gsm8k_verl, gsm8k_verl_flexible, dapo,
+                                 -- dapo_skyrl, math) or, in a preset, a function(response, gold, info)
+        on_reward_error = 'error', -- a reward function that fails: error (stop, naming the sample) or skip
+                                 -- (the sample scores nothing and trains nothing; counted)
+        advantage = 'grpo',      -- grpo (group-normalised) or rloo (leave-one-out baseline)
+        std_normalize = true,    -- grpo: divide by the group's std (false: Dr. GRPO)
+        std_eps = 1e-6,          -- grpo: added to the group's std
+        n = 8,                   -- samples per prompt (the group)
+        prompts = 16,            -- prompts per rollout step (the rollout batch)
+        mini_batches = 1,        -- optimizer steps per rollout step (the prompts split in as many groups)
+        micro_batch = 16,        -- responses per forward and backward
+        epochs = 1,              -- passes over the rollout batch (PPO epochs)
+        eps_low = 0.2,           -- the ratio's lower clip: 1 - eps_low
+        eps_high = 0.2,          -- the ratio's upper clip: 1 + eps_high (DAPO's clip-higher: 0.28)
+        dual_clip = false,       -- dual-clip constant c (> 1): caps the loss of A < 0 at c |A| (false: off)
+        loss_reduction = 'token-mean', -- token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm
+        kl_coef = 0,             -- KL to the reference policy (the starting weights; LoRA: the base) (0: off)
+        kl_estimator = 'k3',     -- k1, k2 or k3
+        kl_in_reward = false,    -- the KL as a per-token reward penalty instead of a loss term
+        entropy_coef = 0,        -- entropy bonus in the loss (0: off; the entropy is logged always)
+        tis_cap = false,         -- truncated importance sampling against the rollout logprobs: the cap (false: off)
+        routing_replay = true,   -- R3: the training forwards route every token as generation did (MoE models)
+        dynamic_sampling = false, -- DAPO: drop groups whose accuracy is all equal and generate more prompts
+        max_gen_batches = 10,    -- dynamic sampling: rollout rounds per step at most (0: unlimited)
+        overlong_buffer = 0,     -- DAPO soft overlong penalty over the last N tokens before rollout.max_new_tokens (0: off)
+        overlong_penalty = 1.0,  -- the penalty at rollout.max_new_tokens
+        overlong_filter = false, -- truncated responses train nothing (their reward still counts in the group)
+        eval_limit = 200,        -- problems of data.valid in each evaluation (greedy accuracy)
+    },
+    rollout = {
+        max_prompt_len = 512,    -- longer prompts are left out of the prompt set (counted)
+        max_new_tokens = 256,    -- the response budget
+        temperature = 1.0,       -- sampling temperature (the trainer divides its logits by it too)
+        top_k = 0,               -- 0: off
+        top_p = 1.0,             -- 1: off
+        min_p = 0,               -- 0: off
+        seed = 1,                -- sampling seed (each step, round and prompt draws from its own stream)
+        max_batch = 64,          -- sequences decoding together at most
+    },
+}
+
 -- settings that name a file or directory
 local PATH_KEYS = {'tokenizer', 'model.path', 'data.train', 'data.valid', 'output.dir', 'checkpoint.dir',
     'metrics.dir'}
@@ -195,6 +242,17 @@ local function copy(t)
     local out = {}
     for k, v in pairs(t) do out[k] = copy(v) end
     return setmetatable(out, getmetatable(t))
+end
+
+-- the recipe kinds that train by reinforcement learning (lunar.rl.trainer)
+M.RL_KINDS = {grpo = true, dapo = true}
+
+-- the defaults of a recipe kind: M.defaults, and M.rl_defaults over them for the RL kinds
+function M.defaults_of(kind)
+    if not M.RL_KINDS[kind] then return M.defaults end
+    local out = copy(M.defaults)
+    for k, v in pairs(M.rl_defaults) do out[k] = copy(v) end
+    return out
 end
 
 local function clean(t)
@@ -269,7 +327,7 @@ function M.recipe(kind, overrides)
         layers[i] = copy(t)
         for key in pairs(PRESET_INPUT_KEYS) do map_paths(layers[i], key, M.path) end
     end
-    local cfg = merge(M.defaults, layers[1])
+    local cfg = merge(M.defaults_of(kind), layers[1])
     cfg = merge(cfg, layers[2])
     local preset_steps, preset_warmup = cfg.train.steps, cfg.optim.warmup
     overrides = copy(overrides)
@@ -350,7 +408,9 @@ function M.print(cfg)
         return
     end
     local lines = {}
-    for _, s in ipairs(settings_of(cfg, M.defaults)) do lines[#lines + 1] = ('  %-28s %s'):format(s.key, s.text) end
+    for _, s in ipairs(settings_of(cfg, M.defaults_of(cfg.kind))) do
+        lines[#lines + 1] = ('  %-28s %s'):format(s.key, s.text)
+    end
     print(('recipe %s (%s, preset %s):'):format(cfg.name, cfg.kind, cfg.preset))
     print(table.concat(lines, '\n'))
     for _, n in ipairs(cfg.notes or {}) do print('note: ' .. n) end
@@ -389,13 +449,18 @@ end
 
 -- --help: every setting, its value in this recipe (preset applied) and its meaning
 function M.help(kind, cfg, defaults, texts)
-    texts = texts or M.help_texts()
+    if not texts then
+        texts = M.help_texts()
+        if M.RL_KINDS[kind] then
+            for k, v in pairs(M.help_texts(M.source, 'M%.rl_defaults = {')) do texts[k] = v end
+        end
+    end
     local out = {('usage: lunar recipes/%s.lua [key=value ...] [--help] [--dry-run] [--traceback]'):format(kind),
         '',
         cfg.preset and ('Settings of the %s recipe (values: the defaults with preset %s applied; key=value on the '
             .. 'command line overrides them, key=false unsets one):'):format(kind, cfg.preset)
             or ('Settings of the %s recipe (key=value on the command line overrides them):'):format(kind)}
-    for _, s in ipairs(settings_of(cfg, defaults or M.defaults)) do
+    for _, s in ipairs(settings_of(cfg, defaults or M.defaults_of(kind))) do
         local text = s.text
         if #text > 30 then text = text:sub(1, 27) .. '...' end
         out[#out + 1] = ('  %-28s %-30s %s'):format(s.key, text, texts[s.key] or '')
@@ -610,6 +675,71 @@ function M.validate(cfg)
     if cfg.threads then int('threads', cfg.threads, 1) end
 end
 
+-- Check the RL settings (the kinds of M.RL_KINDS): every error names the key and what it accepts.
+function M.validate_rl(cfg)
+    local function bad(key, v, want)
+        user_error(('recipe %s: %s=%s: %s'):format(cfg.name, key, value_string(key, v), want))
+    end
+    local function int(key, v, min)
+        if type(v) ~= 'number' or v ~= math.floor(v) or v < min then bad(key, v, ('expected an integer >= %d'):format(min)) end
+    end
+    local function num(key, v, ok, want)
+        if type(v) ~= 'number' or v ~= v or not ok(v) then bad(key, v, want) end
+    end
+    local function one_of(key, v, list)
+        for _, x in ipairs(list) do if v == x then return end end
+        bad(key, v, 'expected ' .. table.concat(list, ', '))
+    end
+    local rl, ro = cfg.rl, cfg.rollout
+    if type(rl.reward) == 'string' then
+        one_of('rl.reward', rl.reward, require('lunar.rl.rewards').NAMES)
+    elseif type(rl.reward) ~= 'function' then
+        bad('rl.reward', rl.reward, 'expected a grader name or, in a preset, a function(response, gold, info)')
+    end
+    one_of('rl.on_reward_error', rl.on_reward_error, {'error', 'skip'})
+    one_of('rl.advantage', rl.advantage, {'grpo', 'rloo'})
+    int('rl.n', rl.n, 1)
+    if rl.n == 1 and (rl.advantage == 'rloo' or rl.std_normalize) then
+        bad('rl.n', rl.n, rl.advantage == 'rloo' and 'RLOO needs at least 2 samples per prompt (a baseline of the others)'
+            or 'a group of one sample has no std to normalise by (and an advantage of 0): set rl.n >= 2, or '
+            .. 'rl.std_normalize=false')
+    end
+    num('rl.std_eps', rl.std_eps, function(v) return v >= 0 end, 'expected a number >= 0')
+    int('rl.prompts', rl.prompts, 1)
+    int('rl.mini_batches', rl.mini_batches, 1)
+    if rl.prompts % rl.mini_batches ~= 0 then
+        bad('rl.mini_batches', rl.mini_batches, ('rl.prompts=%d must split evenly into it (a group is never split)')
+            :format(rl.prompts))
+    end
+    int('rl.micro_batch', rl.micro_batch, 1)
+    int('rl.epochs', rl.epochs, 1)
+    num('rl.eps_low', rl.eps_low, function(v) return v >= 0 and v < 1 end, 'expected a number in [0, 1)')
+    num('rl.eps_high', rl.eps_high, function(v) return v >= 0 end, 'expected a number >= 0')
+    if rl.dual_clip then num('rl.dual_clip', rl.dual_clip, function(v) return v > 1 end, 'expected a number > 1, or false') end
+    one_of('rl.loss_reduction', rl.loss_reduction, {'token-mean', 'seq-mean-token-sum', 'seq-mean-token-mean',
+        'seq-mean-token-sum-norm'})
+    num('rl.kl_coef', rl.kl_coef, function(v) return v >= 0 end, 'expected a number >= 0 (0: off)')
+    one_of('rl.kl_estimator', rl.kl_estimator, {'k1', 'k2', 'k3'})
+    num('rl.entropy_coef', rl.entropy_coef, function(v) return v >= 0 end, 'expected a number >= 0 (0: off)')
+    if rl.tis_cap then num('rl.tis_cap', rl.tis_cap, function(v) return v > 0 end, 'expected a number > 0, or false') end
+    int('rl.max_gen_batches', rl.max_gen_batches, 0)
+    int('rl.overlong_buffer', rl.overlong_buffer, 0)
+    num('rl.overlong_penalty', rl.overlong_penalty, function(v) return v >= 0 end, 'expected a number >= 0')
+    int('rl.eval_limit', rl.eval_limit, 1)
+    int('rollout.max_prompt_len', ro.max_prompt_len, 1)
+    int('rollout.max_new_tokens', ro.max_new_tokens, 1)
+    if rl.overlong_buffer >= ro.max_new_tokens then
+        bad('rl.overlong_buffer', rl.overlong_buffer, ('must be below rollout.max_new_tokens=%d'):format(ro.max_new_tokens))
+    end
+    num('rollout.temperature', ro.temperature, function(v) return v > 0 end,
+        'expected a number > 0 (the samples of a group must differ; greedy rollouts give them no spread)')
+    int('rollout.top_k', ro.top_k, 0)
+    num('rollout.top_p', ro.top_p, function(v) return v > 0 and v <= 1 end, 'expected a number in (0, 1]')
+    num('rollout.min_p', ro.min_p, function(v) return v >= 0 and v < 1 end, 'expected a number in [0, 1)')
+    int('rollout.seed', ro.seed, 0)
+    int('rollout.max_batch', ro.max_batch, 1)
+end
+
 -- run_tool(kind, defaults, source, fn[, overrides]): a recipe that is not a training run
 -- (generate, eval): its defaults table (declared in `source` as `local defaults = {`, one
 -- setting a line with its meaning as a comment, for --help), merged with the command line (or
@@ -645,9 +775,10 @@ function M.run(kind, overrides)
     end
     if flags.plan then cfg.plan = true end
     M.validate(cfg)
+    if M.RL_KINDS[kind] then M.validate_rl(cfg) end
     M.print(cfg)
     M.check_runnable(cfg)
-    local trainer = require 'lunar.train.trainer'
+    local trainer = require(M.RL_KINDS[kind] and 'lunar.rl.trainer' or 'lunar.train.trainer')
     if cfg.plan then return trainer.plan(clean(cfg)), cfg end
     return trainer.run(clean(cfg)), cfg
 end

@@ -60,7 +60,8 @@ end
 -- Merge overrides into defaults (a copy is returned). A key that defaults does not have is an
 -- error naming the full dotted key, unless defaults marks the table open with `__open = true`.
 -- A default of `false` means "unset, any type" (e.g. an optional table); other defaults fix the
--- type of their key, and overriding any key with false unsets it.
+-- type of their key (a string's may also be a function, in a Lua table), and overriding any key
+-- with false unsets it.
 function M.merge(defaults, overrides, prefix)
     local out = {}
     for k, v in pairs(defaults) do
@@ -78,7 +79,9 @@ function M.merge(defaults, overrides, prefix)
         if type(cur) == 'table' and type(v) == 'table' and #cur == 0 then
             out[k] = M.merge(cur, v, name)
         else
-            if cur ~= nil and cur ~= false and v ~= false and type(cur) ~= type(v) then
+            -- (a function may stand for a string setting that names one: a recipe's own reward)
+            if cur ~= nil and cur ~= false and v ~= false and type(cur) ~= type(v)
+                and not (type(cur) == 'string' and type(v) == 'function') then
                 error(('config key %q expects a %s, got %s %q'):format(name, type(cur), type(v), tostring(v)), 2)
             end
             out[k] = v

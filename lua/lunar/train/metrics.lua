@@ -34,7 +34,8 @@
 --                  the wall clock)
 --
 -- m:log(step, rec): rec = {loss=, grad_norm=, lr=, tokens=, skipped = bool, time = seconds of
--- the step (default: since the previous log or new()), extra = {name = number}}. A step whose
+-- the step (default: since the previous log or new()), extra = {name = number}, show = {{name,
+-- number}, ...} (shown in the progress line after the loss)}. A step whose
 -- loss or grad norm is not finite counts as a NaN step; skipped = true (the optimizer did not
 -- apply it) counts as a skipped step. Returns the record as written.
 local core = require 'lunar.core'
@@ -301,6 +302,7 @@ function Metrics:log(step, rec)
     end
     table.sort(extra_keys)
     r.extra = rec.extra
+    r.show = rec.show
     self.rows[#self.rows + 1] = r
     -- JSONL: one object per line, flushed
     if self.jsonl then
@@ -363,6 +365,7 @@ function Metrics:_progress(r, nonfinite)
         end
         bits[#bits + 1] = head
         bits[#bits + 1] = 'loss ' .. fmt_loss(r.loss)
+        for _, sh in ipairs(r.show or {}) do bits[#bits + 1] = ('%s %.4g'):format(sh[1], sh[2]) end
         if r.lr then bits[#bits + 1] = ('lr %.2e'):format(r.lr) end
         if r.tokens_per_s then bits[#bits + 1] = short(r.tokens_per_s) .. ' tok/s' end
         if self.skipped > 0 or self.nan > 0 then bits[#bits + 1] = ('skipped %d nan %d'):format(self.skipped, self.nan) end
@@ -383,6 +386,7 @@ function Metrics:_progress(r, nonfinite)
     end
     bits[#bits + 1] = total and ('step %d/%d'):format(r.step, total) or ('step %d'):format(r.step)
     bits[#bits + 1] = 'loss ' .. fmt_loss(r.loss)
+    for _, sh in ipairs(r.show or {}) do bits[#bits + 1] = ('%s %.4g'):format(sh[1], sh[2]) end
     if r.grad_norm then bits[#bits + 1] = 'grad norm ' .. (finite(r.grad_norm) and ('%.4g'):format(r.grad_norm) or tostring(r.grad_norm)) end
     if r.lr then bits[#bits + 1] = ('lr %.3e'):format(r.lr) end
     if r.tokens_per_s then bits[#bits + 1] = commas(r.tokens_per_s) .. ' tok/s' end

@@ -558,6 +558,11 @@ function M.run(cfg)
     return result
 end
 
+-- what the RL trainer (lunar.rl.trainer) shares with this one
+M.setup_parts = {model_config = model_config, build_model = build_model, check_writable = check_writable,
+                 find_checkpoint = find_checkpoint, check_resumed_recipe = check_resumed_recipe,
+                 save_output = save_output, log = log, mib = mib, loss_fall = loss_fall}
+
 -- ---- the plan -----------------------------------------------------------------------------------
 
 local DTYPE_BYTES = {f32 = 4, bf16 = 2, f16 = 2}

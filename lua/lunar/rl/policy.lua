@@ -1,0 +1,211 @@
+-- lunar.rl.policy: the forwards and the update of one rollout step: reference and old logprobs
+-- (once per rollout batch), then rl.epochs passes over its mini-batches, one optimizer step each.
+--
+--   local policy = require 'lunar.rl.policy'
+--   local old = policy.old_logprobs(run, minis)   -- mb.old (S, R) for every micro-batch (+ mb.ref)
+--   local stats = policy.update(run, minis)       -- the loss, clip fractions, ratios, entropy, ...
+--
+-- Every forward divides the logits by rollout.temperature (the distribution generation sampled
+-- from) and reads the logprob of each response token; the old logprobs come from the same packed
+-- micro-batches the update uses, so at the first inner step the ratio is exactly 1. The
+-- reference policy of the KL term is the starting weights: for LoRA the base with the adapters
+-- set aside for that forward (no second copy of the model), for full fine-tuning a frozen copy
+-- built from the same checkpoint or seed.
+local lunar = require 'lunar'
+local core = require 'lunar.core'
+local ops = lunar.ops
+local loss = require 'lunar.rl.loss'
+local lora = require 'lunar.nn.lora'
+
+local M = {}
+
+-- (S, R) of the packed (1, T) per-position values at each response token
+local function gather(mb, values)
+    return ops.index_select(values:view(mb.T), 1, mb.index):view(mb.S, mb.R)
+end
+
+-- the (1, T) gradient of per-position values from the (S, R) gradient of the gathered ones
+local function scatter(mb, grad)
+    local out = core.empty({mb.T}, 'f32', grad:device()):fill_(0)
+    ops.index_add_(out, 1, mb.index, ops.mul(grad, mb.mask):contiguous():view(mb.S * mb.R))
+    return out:view(1, mb.T)
+end
+
+local function on(t, dev) if t:device() ~= dev then return t:to(dev) end return t end
+
+-- fn() with the model's adapters set aside (the LoRA reference policy)
+local function without_adapters(model, fn)
+    local store = model.params
+    local set = store.lora
+    if not set then return fn() end
+    lora.detach(store)
+    local ok, a, b = pcall(fn)
+    lora.attach(store, set)
+    if not ok then error(a, 0) end
+    return a, b
+end
+
+-- logprobs (S, R) of one micro-batch under `model` (no backward kept)
+local function logprobs_of(model, mb, temperature)
+    local out = model:forward(mb.batch, {logprobs = true, temperature = temperature, keep = false})
+    return gather(mb, out.logprobs)
+end
+
+-- old_logprobs(run, minis): mb.old (and mb.ref when the KL term is on) for every micro-batch;
+-- returns the rollout/training logprob gap: mean |rollout - old| over the trained tokens, and
+-- the router agreement when routes are recorded but not replayed
+function M.old_logprobs(run, minis)
+    local cfg, model = run.cfg, run.model
+    local T = cfg.rollout.temperature
+    local gap_sum, gap_n, max_gap = 0, 0, 0
+    local agree, routed = 0, 0
+    if run.adapters then run.adapters:eval() end
+    for _, mini in ipairs(minis) do
+        for _, mb in ipairs(mini.micro) do
+            lunar.scope(function()
+                local out = model:forward(mb.batch, {logprobs = true, temperature = T, keep = false})
+                mb.old = gather(mb, out.logprobs)
+                core.scope_keep(mb.old)
+                -- the rollout's logprobs of the same tokens
+                local flat = {}
+                for i, s in ipairs(mb.samples) do
+                    for j = 1, mb.R do flat[(i - 1) * mb.R + j] = s.logprobs[j] or 0 end
+                end
+                mb.rollout = core.from_flat(flat, {mb.S, mb.R}, 'f32', 'cpu')
+                core.scope_keep(mb.rollout)
+                local old = on(mb.old, 'cpu')
+                local diff = ops.mul(ops.abs(ops.sub(old, mb.rollout)), mb.mask)
+                gap_sum = gap_sum + ops.sum(diff):item()
+                gap_n = gap_n + ops.sum(mb.mask):item()
+                max_gap = math.max(max_gap, ops.max(diff):item())
+                if mb.recorded then
+                    local a, n = M.router_agreement(mb, out.routing)
+                    agree, routed = agree + a, routed + n
+                end
+                if run.ref_policy then
+                    mb.ref = run.ref_policy(mb)
+                    core.scope_keep(mb.ref)
+                end
+            end)
+        end
+    end
+    if run.adapters then run.adapters:train() end
+    return {gap = gap_n > 0 and gap_sum / gap_n or 0, gap_max = max_gap,
+            router_agreement = routed > 0 and agree / routed or nil}
+end
+
+-- KL in the reward (rl-algorithms 1.4): each sample's reward loses kl_coef times the sum over
+-- its trained tokens of k1 = old - ref, before the advantages are computed
+function M.kl_into_rewards(minis, rl)
+    for _, mini in ipairs(minis) do
+        for _, mb in ipairs(mini.micro) do
+            local kl = ops.sum(ops.mul(ops.sub(on(mb.old, 'cpu'), on(mb.ref, 'cpu')), mb.mask), 2):tolist_flat()
+            for i, s in ipairs(mb.samples) do
+                s.kl_penalty = rl.kl_coef * kl[i]
+                s.reward = s.reward - s.kl_penalty
+            end
+        end
+    end
+end
+
+-- the reference policy's logprobs (S, R) of a micro-batch
+function M.reference(run)
+    local T = run.cfg.rollout.temperature
+    if run.adapters then
+        return function(mb) return without_adapters(run.model, function() return logprobs_of(run.model, mb, T) end) end
+    end
+    return function(mb) return logprobs_of(run.ref_model, mb, T) end
+end
+
+-- the fraction of (token, layer) pairs whose expert set in the training forward equals the one
+-- generation chose (routes recorded, not replayed): count agreeing, count compared
+function M.router_agreement(mb, routing)
+    local agree, n = 0, 0
+    for layer, r in pairs(routing or {}) do
+        local train = r.idx and r.idx:to('cpu'):tolist_flat()
+        if train then
+            local K = r.idx:size(2)
+            local gen = mb.recorded and mb.recorded[layer]
+            gen = gen and gen:tolist_flat()
+            if gen then
+                for t = 0, mb.T - 1 do
+                    local set = {}
+                    for k = 1, K do set[gen[t * K + k]] = true end
+                    local same = true
+                    for k = 1, K do if not set[train[t * K + k]] then same = false break end end
+                    if same then agree = agree + 1 end
+                    n = n + 1
+                end
+            end
+        end
+    end
+    return agree, n
+end
+
+-- one mini-batch: forward + backward of its micro-batches, one optimizer step -> its stats
+local function mini_step(run, mini, advantages_of)
+    local cfg, model = run.cfg, run.model
+    local rl = cfg.rl
+    local masks = {}
+    for i, mb in ipairs(mini.micro) do masks[i] = mb.mask end
+    local lcfg = {eps_low = rl.eps_low, eps_high = rl.eps_high, dual_clip = rl.dual_clip or nil,
+                  reduction = rl.loss_reduction,
+                  norm_length = rl.loss_reduction == 'seq-mean-token-sum-norm' and cfg.rollout.max_new_tokens or nil,
+                  kl = (rl.kl_coef or 0) > 0 and not rl.kl_in_reward and {coef = rl.kl_coef, estimator = rl.kl_estimator}
+                      or nil,
+                  entropy_coef = rl.entropy_coef or 0, tis_cap = rl.tis_cap or nil}
+    local norm = loss.normaliser(masks, lcfg)
+    local want_entropy = true
+    local total, sums, counts = 0, {}, {}
+    for _, mb in ipairs(mini.micro) do
+        lunar.scope(function()
+            local dev = model:device()
+            local out = model:forward(mb.batch, {logprobs = true, entropy = want_entropy,
+                temperature = cfg.rollout.temperature})
+            local lp = gather(mb, out.logprobs)
+            local ent = out.entropy and gather(mb, out.entropy) or nil
+            local inputs = {logprobs = lp, old_logprobs = on(mb.old, dev), advantages = on(advantages_of(mb), dev),
+                            mask = on(mb.mask, dev), entropy = ent,
+                            ref_logprobs = mb.ref and on(mb.ref, dev) or nil,
+                            rollout_logprobs = rl.tis_cap and on(mb.rollout, dev) or nil}
+            local value, grads, m = loss.policy(inputs, lcfg, norm)
+            total = total + value
+            for k, v in pairs(m) do
+                if type(v) == 'number' then
+                    sums[k] = (sums[k] or 0) + v * (m.tokens or 1)
+                    counts[k] = (counts[k] or 0) + (m.tokens or 1)
+                end
+            end
+            model:backward({dlogprobs = scatter(mb, grads.dlogprobs),
+                            dentropy = grads.dentropy and scatter(mb, grads.dentropy) or nil})
+        end)
+    end
+    local info = run.opt:step{loss = total, micro_batches = 1}
+    run.opt:zero_grad()
+    local stats = {loss = total, grad_norm = info.grad_norm, lr = info.lr, skipped = info.skipped}
+    for k, v in pairs(sums) do stats[k] = v / counts[k] end
+    return stats
+end
+
+-- update(run, minis, advantages_of) -> the step's stats: means over its optimizer steps
+function M.update(run, minis, advantages_of)
+    local acc, n = {}, 0
+    local last
+    for _ = 1, run.cfg.rl.epochs do
+        for _, mini in ipairs(minis) do
+            local s = mini_step(run, mini, advantages_of)
+            n = n + 1
+            for k, v in pairs(s) do if type(v) == 'number' then acc[k] = (acc[k] or 0) + v end end
+            if s.skipped then acc.skipped_steps = (acc.skipped_steps or 0) + 1 end
+            last = s
+        end
+    end
+    local out = {}
+    for k, v in pairs(acc) do out[k] = v / math.max(n, 1) end
+    out.skipped_steps = acc.skipped_steps or 0
+    out.lr = last and last.lr
+    out.optimizer_steps = n
+    return out
+end
+
+return M

@@ -1,0 +1,330 @@
+-- lunar.rl.trainer: the RL loop behind recipes/gsm8k.lua (GRPO) and recipes/dapo.lua (DAPO).
+--
+--   local trainer = require 'lunar.rl.trainer'
+--   local result = trainer.run(cfg)     -- cfg: a validated recipe (recipes/common.lua, kind grpo or dapo)
+--
+-- One step (run_step below, the whole algorithm on one screen): generate rl.n samples for each of
+-- rl.prompts prompts with the model being trained (lunar.rl.rollout: rewards, overlong shaping,
+-- dynamic sampling), advantages per group (lunar.rl.advantages), the training batches
+-- (lunar.rl.batch: packed micro-batches, the routes generation chose), reference and old
+-- logprobs once, then rl.epochs passes over rl.mini_batches mini-batches, one optimizer step each
+-- (lunar.rl.policy, lunar.rl.loss). Then metrics, a greedy evaluation of data.valid every
+-- train.eval_every steps (and before the first and after the last), and checkpoints.
+--
+-- A checkpoint holds the whole RL state: the policy (or its adapters), the optimizer and its
+-- schedule, the prompt order's position and the step. Generation draws from streams keyed by
+-- (rollout.seed, step, round, prompt) and every forward is deterministic, so a resumed run's
+-- later steps are bit-identical to the uninterrupted run's (timings aside).
+--
+-- The learning-rate schedule counts optimizer steps: train.steps x rl.epochs x rl.mini_batches.
+local lunar = require 'lunar'
+local core = require 'lunar.core'
+local checkpoint = require 'lunar.train.checkpoint'
+local metrics_mod = require 'lunar.train.metrics'
+local recipe_diff = require 'lunar.train.recipe_diff'
+local base = require('lunar.train.trainer').setup_parts
+local rewards = require 'lunar.rl.rewards'
+local prompts = require 'lunar.rl.prompts'
+local rollout = require 'lunar.rl.rollout'
+local advantages = require 'lunar.rl.advantages'
+local rlbatch = require 'lunar.rl.batch'
+local policy = require 'lunar.rl.policy'
+
+local fs = core.fs
+local user_error = core.user_error
+local setting_error, strip_where = lunar.config.setting_error, lunar.config.strip_where
+local log = base.log
+
+local M = {}
+
+-- ---- setup --------------------------------------------------------------------------------------
+
+-- the ids that end a response: the model's eos ids and the chat template's end-of-turn tokens
+local function stop_ids(model, tok)
+    local list, seen = {}, {}
+    local function add(v)
+        if type(v) == 'table' then for _, x in ipairs(v) do add(x) end
+        elseif type(v) == 'number' and not seen[v] then seen[v] = true; list[#list + 1] = v end
+    end
+    add(model.cfg.eos_token_id)
+    for _, t in ipairs({'<|user|>', '<|observation|>', '<|endoftext|>'}) do add(tok:token_to_id(t)) end
+    return list
+end
+
+local function setup(cfg)
+    if cfg.threads then lunar.threads(cfg.threads) end
+    local model_setting = cfg.model.path and ('model.path=' .. cfg.model.path) or 'model.config'
+    local mcfg = setting_error(model_setting, base.model_config, cfg)
+    local need = cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens
+    if mcfg.max_position_embeddings and need > mcfg.max_position_embeddings then
+        user_error(('rollout.max_prompt_len + rollout.max_new_tokens = %d is longer than the model\'s '
+            .. 'max_position_embeddings=%d'):format(need, mcfg.max_position_embeddings))
+    end
+    base.check_writable(cfg)
+    local run = {cfg = cfg, mcfg = mcfg}
+    run.tok = setting_error('tokenizer=' .. cfg.tokenizer, lunar.tokenizer.load, cfg.tokenizer)
+    run.reward = rewards.get(cfg.rl.reward, {on_error = cfg.rl.on_reward_error})
+    local d = cfg.data
+    local popts = {tokenizer = run.tok, reward = cfg.rl.reward, template = d.template, prompt_field = d.prompt_field,
+                   answer_field = d.answer_field, max_prompt_len = cfg.rollout.max_prompt_len, limit = d.limit}
+    run.problems = prompts.load(d.train, popts)
+    log(cfg, 'data.train: %d problems (%d prompts longer than rollout.max_prompt_len=%d left out)',
+        #run.problems.problems, run.problems.too_long, cfg.rollout.max_prompt_len)
+    if d.valid then
+        popts.limit = cfg.rl.eval_limit
+        run.valid = prompts.load(d.valid, popts).problems
+    end
+    run.sampler = prompts.sampler(run.problems, {seed = d.seed, shuffle = d.shuffle ~= false})
+
+    run.cm = checkpoint.manager{dir = cfg.checkpoint.dir, every = cfg.checkpoint.every,
+                                keep_last = cfg.checkpoint.keep_last}
+    local st = setting_error('checkpoint.resume=' .. cfg.checkpoint.resume, base.find_checkpoint, cfg, run.cm)
+    if st then base.check_resumed_recipe(cfg, st) end
+    run.st = st
+    run.model = setting_error(st and not cfg.peft and ('the checkpoint ' .. st.model_dir) or model_setting,
+        base.build_model, cfg, st and st.model_dir)
+    local params = run.model.params
+    if cfg.peft then
+        if st then
+            run.adapters = setting_error('the checkpoint ' .. st.model_dir, lunar.peft.load, run.model, st.model_dir)
+            if st.extra and st.extra.lora_rng then run.adapters:set_rng_state(st.extra.lora_rng) end
+        else
+            run.adapters = setting_error('peft', lunar.peft.apply, run.model, cfg.peft)
+        end
+        params = run.adapters.params
+    end
+    -- the reference policy of the KL term: the base under the adapters, or the starting weights
+    if (cfg.rl.kl_coef or 0) > 0 then
+        if not cfg.peft then run.ref_model = base.build_model(cfg) end
+        run.ref_policy = policy.reference(run)
+    end
+    run.stop_ids = stop_ids(run.model, run.tok)
+    run.moe_layers = {}
+    for i, L in ipairs(run.model.layers) do
+        if L.mlp_type == 'sparse' then run.moe_layers[#run.moe_layers + 1] = i - 1 end
+    end
+    run.moe = #run.moe_layers > 0
+    log(cfg, 'model: %s, %.2fM parameters (%.2fM trainable)%s', run.model.cfg.architecture,
+        run.model.params:count() / 1e6, params:count() / 1e6,
+        run.moe and (cfg.rl.routing_replay and ', routing replay on' or ', routing replay off') or '')
+
+    local o, rl = cfg.optim, cfg.rl
+    local per_step = rl.epochs * rl.mini_batches
+    run.opt = lunar.optim.AdamW.new(params, {
+        lr = o.lr, betas = o.betas, eps = o.eps, weight_decay = o.weight_decay, no_decay = o.no_decay,
+        clip = o.clip_grad, accum = 1,
+        schedule = {warmup = (o.warmup or 0) * per_step, total = cfg.train.steps * per_step, decay = o.schedule,
+                    min_lr = o.min_lr}})
+    run.start = 0
+    if st then
+        run.opt:load_state_dict(st.optimizer)
+        local ok, err = pcall(run.sampler.set_state, run.sampler, st.data)
+        if not ok then
+            if not cfg.checkpoint.allow_changes then user_error(('resuming %s: %s'):format(st.dir, strip_where(err))) end
+            log(cfg, 'note: the prompt position was not restored (%s): the prompts start from the beginning',
+                strip_where(err))
+        end
+        run.start = st.step
+        log(cfg, 'resumed from %s (step %d)', st.dir, run.start)
+    end
+    return run
+end
+
+-- ---- evaluation and checkpoints ------------------------------------------------------------------
+
+-- greedy accuracy of the policy on data.valid (graded by rl.reward)
+local function evaluate(run)
+    if run.adapters then run.adapters:eval() end
+    local list = {}
+    for i, p in ipairs(run.valid) do list[i] = p.ids end
+    local res = lunar.scope(function()
+        return lunar.generate(run.model, list, {tokenizer = run.tok, max_new_tokens = run.cfg.rollout.max_new_tokens,
+            temperature = 0, stop_token_ids = run.stop_ids, max_batch = run.cfg.rollout.max_batch})
+    end)
+    if run.adapters then run.adapters:train() end
+    local correct, len = 0, 0
+    for _, r in ipairs(res) do
+        local p = run.valid[r.prompt]
+        local got = run.reward(r.text or '', p.gold, {prompt = p.index, sample = 1, problem = p})
+        if got and got.correct then correct = correct + 1 end
+        len = len + #r.ids
+    end
+    return correct / #res, len / #res
+end
+
+local function save_checkpoint(run, step, m)
+    local cfg, t0 = run.cfg, lunar.clock()
+    local dir, info = run.cm:save(step, {
+        save_model = function(dir)
+            if run.adapters then lunar.peft.save(run.model, dir, {lora_dropout = cfg.peft.dropout or 0, merged = false})
+            else run.model:save_hf(dir, {keep_dtype = true}) end
+        end,
+        optimizer = run.opt:state_dict(), data = run.sampler:state(), metrics = m:counts(),
+        extra = {lora_rng = run.adapters and run.adapters:rng_state() or nil, recipe = recipe_diff.snapshot(cfg)}})
+    m:note(('checkpoint step %d: %s (%s, %.1f s)'):format(step, dir, base.mib(info.bytes), lunar.clock() - t0))
+end
+
+-- ---- one step -----------------------------------------------------------------------------------
+
+local function mean_std(list)
+    local n, s, ss = #list, 0, 0
+    for _, v in ipairs(list) do s = s + v end
+    local mean = n > 0 and s / n or 0
+    for _, v in ipairs(list) do ss = ss + (v - mean) ^ 2 end
+    return mean, n > 1 and math.sqrt(ss / (n - 1)) or 0
+end
+
+-- what the generated samples say: reward, accuracy, lengths (over every sample of the step)
+local function rollout_stats(all, max_new)
+    local rewards_, correct, lens, clipped, maxlen = {}, 0, 0, 0, 0
+    for _, g in ipairs(all) do
+        for _, s in ipairs(g.samples) do
+            rewards_[#rewards_ + 1] = s.reward
+            if s.correct then correct = correct + 1 end
+            lens = lens + #s.ids
+            if #s.ids > maxlen then maxlen = #s.ids end
+            if s.finish_reason == 'length' or #s.ids >= max_new then clipped = clipped + 1 end
+        end
+    end
+    local n = math.max(#rewards_, 1)
+    local mean, std = mean_std(rewards_)
+    return {reward_mean = mean, reward_std = std, accuracy = correct / n, response_len_mean = lens / n,
+            response_len_max = maxlen, response_clip_frac = clipped / n}
+end
+
+-- each sample's advantage from the rewards of its group (the shaped rewards)
+local function assign_advantages(groups, rl)
+    local scores, sizes = {}, {}
+    for g, grp in ipairs(groups) do
+        sizes[g] = #grp.samples
+        for _, s in ipairs(grp.samples) do scores[#scores + 1] = s.reward end
+    end
+    if #scores == 0 then return end
+    local adv = advantages.compute(scores, sizes, {estimator = rl.advantage, std_normalize = rl.std_normalize or false,
+        eps = rl.std_eps})
+    local i = 0
+    for _, grp in ipairs(groups) do
+        for _, s in ipairs(grp.samples) do i = i + 1; s.advantage = adv[i] end
+    end
+end
+
+-- One RL step: rollout, advantages, batches, old logprobs, updates -> the step's metrics record
+local function run_step(run, step)
+    local cfg, rl = run.cfg, run.cfg.rl
+    local t0 = lunar.clock()
+    local groups, gen = rollout.collect(run, step)                        -- generate, score, filter
+    local t_gen = lunar.clock()
+    local minis = rlbatch.build(groups, {mini_batches = math.min(rl.mini_batches, math.max(#groups, 1)),
+        micro_batch = rl.micro_batch, routing = run.moe, replay = rl.routing_replay,
+        experts_per_token = run.mcfg.num_experts_per_tok, moe_layers = run.moe_layers})
+    local old = policy.old_logprobs(run, minis)                            -- old (and reference) logprobs, once
+    if rl.kl_in_reward and run.ref_policy then policy.kl_into_rewards(minis, rl) end
+    assign_advantages(groups, rl)                                          -- per sample, within its group
+    rlbatch.set_advantages(minis)
+    local t_old = lunar.clock()
+    local upd = #minis > 0 and policy.update(run, minis, function(mb) return mb.advantages end) or {}
+    local t_end = lunar.clock()
+    local rs = rollout_stats(gen.all, cfg.rollout.max_new_tokens)
+    local extra = {reward_mean = rs.reward_mean, reward_std = rs.reward_std, accuracy = rs.accuracy,
+        response_len_mean = rs.response_len_mean, response_len_max = rs.response_len_max,
+        response_clip_frac = rs.response_clip_frac, logprob_gap = old.gap, logprob_gap_max = old.gap_max,
+        router_agreement = old.router_agreement,
+        groups_generated = gen.generated, groups_kept = gen.kept, groups_dropped = gen.dropped,
+        gen_rounds = gen.rounds, groups_short = gen.short, reward_errors = gen.reward_errors,
+        time_generate = t_gen - t0, time_old_logprobs = t_old - t_gen, time_train = t_end - t_old,
+        gen_tokens_per_s = gen.gen_seconds > 0 and gen.gen_tokens / gen.gen_seconds or 0,
+        optimizer_steps = upd.optimizer_steps or 0}
+    for k, v in pairs(upd) do
+        if type(v) == 'number' and k ~= 'loss' and k ~= 'grad_norm' and k ~= 'lr' then
+            extra[k == 'tokens' and 'train_tokens' or k] = v
+        end
+    end
+    return {loss = upd.loss, grad_norm = upd.grad_norm, lr = upd.lr, tokens = gen.gen_tokens,
+            skipped = (upd.skipped_steps or 0) > 0, time = t_end - t0, extra = extra,
+            show = {{'reward', rs.reward_mean}, {'acc', rs.accuracy}, {'len', rs.response_len_mean}}}
+end
+
+-- ---- the run ------------------------------------------------------------------------------------
+
+function M.run(cfg)
+    local t_start = lunar.clock()
+    local run = setup(cfg)
+    local result = {model = run.model, adapters = run.adapters, start_step = run.start, evals = {}}
+    if run.start >= cfg.train.steps then
+        log(cfg, 'nothing to do: %s is at step %d of train.steps=%d (the run finished)', run.st.dir, run.start,
+            cfg.train.steps)
+        result.finished = true
+        return result
+    end
+    local m = metrics_mod.new{dir = cfg.metrics.dir, total_steps = cfg.train.steps, start_step = run.start,
+        warmup_steps = cfg.metrics.warmup_steps, progress = (not cfg.quiet) and cfg.metrics.progress,
+        log_every = cfg.train.log_every, counts = run.st and run.st.metrics or nil, summary = true,
+        memory = run.model:device() ~= 'cpu' and run.model:device() or nil,
+        tensorboard = cfg.metrics.tensorboard == false and false or nil}
+    local function eval_now(step)
+        if not run.valid then return end
+        local acc, len = evaluate(run)
+        m:log_scalars(step, {{'eval/accuracy', acc}, {'eval/response_len', len}})
+        m:note(('eval step %d | greedy accuracy %.4f on %d problems of data.valid | mean length %.1f'):format(step,
+            acc, #run.valid, len))
+        result.evals[#result.evals + 1] = {step = step, accuracy = acc}
+    end
+    if run.start == 0 then eval_now(0) end
+    local stop
+    core.signal.catch_stop()
+    local ok, err = pcall(function()
+        for step = run.start + 1, cfg.train.steps do
+            local rec = lunar.scope(run_step, run, step)
+            m:log(step, rec)
+            local every = cfg.train.eval_every
+            if every > 0 and step % every == 0 and step < cfg.train.steps then eval_now(step) end
+            local signal = core.signal.stop_requested()
+            if run.cm:due(step, step == cfg.train.steps) or signal then save_checkpoint(run, step, m) end
+            if signal then stop = {step = step, why = 'stopped by ' .. signal} break end
+            if cfg.stop_after and step >= cfg.stop_after then result.stopped_early = step < cfg.train.steps break end
+        end
+    end)
+    core.signal.release()
+    if not ok then
+        m:close()
+        error(err, 0)
+    end
+    if not stop and not result.stopped_early then eval_now(cfg.train.steps) end
+    result.summary = m:close()
+    if stop then
+        user_error(('%s at step %d of %d; the checkpoint %s/%s holds it: run the same command again to resume')
+            :format(stop.why, stop.step, cfg.train.steps, cfg.checkpoint.dir, checkpoint.step_name(stop.step)))
+    end
+    if not result.stopped_early then base.save_output(cfg, run.model, run.adapters) end
+    if #result.evals >= 2 then
+        local first, last = result.evals[1], result.evals[#result.evals]
+        log(cfg, 'greedy accuracy on data.valid: %.1f%% at step %d -> %.1f%% at step %d', 100 * first.accuracy,
+            first.step, 100 * last.accuracy, last.step)
+    end
+    result.seconds = lunar.clock() - t_start
+    return result
+end
+
+-- what run(cfg) would do, without generating or training
+function M.plan(cfg)
+    local mcfg = base.model_config(cfg)
+    local tok = lunar.tokenizer.load(cfg.tokenizer)
+    local set = prompts.load(cfg.data.train, {tokenizer = tok, reward = cfg.rl.reward, template = cfg.data.template,
+        prompt_field = cfg.data.prompt_field, answer_field = cfg.data.answer_field,
+        max_prompt_len = cfg.rollout.max_prompt_len, limit = cfg.data.limit})
+    local rl = cfg.rl
+    local lines = {
+        ('plan of %s (%s):'):format(cfg.name, cfg.kind),
+        ('  model        %s, %d layers, hidden %d'):format(mcfg.architecture, mcfg.num_hidden_layers, mcfg.hidden_size),
+        ('  prompts      %d problems (%d longer than rollout.max_prompt_len=%d left out)'):format(#set.problems,
+            set.too_long, cfg.rollout.max_prompt_len),
+        ('  steps        %d steps of %d prompts x %d samples, %d optimizer steps each (%d epochs x %d mini-batches)')
+            :format(cfg.train.steps, rl.prompts, rl.n, rl.epochs * rl.mini_batches, rl.epochs, rl.mini_batches),
+        ('  outputs      checkpoints %s, metrics %s, final %s'):format(cfg.checkpoint.dir, cfg.metrics.dir,
+            cfg.output.dir or '-'),
+    }
+    print(table.concat(lines, '\n'))
+    return {problems = #set.problems, too_long = set.too_long}
+end
+
+return M
