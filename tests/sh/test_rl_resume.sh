@@ -34,7 +34,7 @@ kill -9 $pid
 wait $pid 2>/dev/null
 [ ! -e "$TMP/killed/final" ] || fail "the killed run had already finished"
 run "$TMP/killed" || { cat "$TMP/killed.err"; fail "the resumed run failed"; }
-grep -q "(step 2)" "$TMP/killed.out" || { cat "$TMP/killed.out"; fail "the run did not resume from step 2"; }
+grep -q "2 steps (3-4)" "$TMP/killed.out" || { cat "$TMP/killed.out"; fail "the run did not resume from step 2"; }
 
 # steps 3 and 4 of both runs, without the fields that measure time or memory
 strip() {

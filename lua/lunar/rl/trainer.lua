@@ -276,6 +276,11 @@ function M.run(cfg)
         for step = run.start + 1, cfg.train.steps do
             local rec = lunar.scope(run_step, run, step)
             m:log(step, rec)
+            -- every step has other lengths, so the pool keeps buffers of ever more sizes: when
+            -- its cache holds more than twice the most the run has used at once, it is given back
+            local dev = run.model:device()
+            local ps = lunar.memory_stats(dev)
+            if ps and ps.cached > 2 * ps.peak_in_use then core.pool_trim(dev) end
             local every = cfg.train.eval_every
             if every > 0 and step % every == 0 and step < cfg.train.steps then eval_now(step) end
             local signal = core.signal.stop_requested()
