@@ -33,7 +33,7 @@ end
 
 -- small settings: few prompts, short answers, everything under dir
 local function small(dir, extra)
-    return merge({quiet = true,
+    return merge({quiet = true, data = {limit = 64},
         rl = {prompts = 2, n = 4, micro_batch = 4, mini_batches = 1, eval_limit = 4},
         rollout = {max_new_tokens = 16, max_prompt_len = 400},
         train = {steps = 2, log_every = 100},

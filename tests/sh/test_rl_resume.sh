@@ -11,7 +11,7 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd)
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/lunar-rl.XXXXXX")
 trap '[ -n "${KEEP:-}" ] || rm -rf "$TMP"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
-SMALL="quiet=true data.valid=false rl.prompts=2 rl.n=4 rl.micro_batch=4 rollout.max_new_tokens=16 train.steps=4
+SMALL="quiet=true data.valid=false data.limit=64 rl.prompts=2 rl.n=4 rl.micro_batch=4 rollout.max_new_tokens=16 train.steps=4
  checkpoint.every=2 metrics.tensorboard=false"
 
 run() { # dir: the GRPO recipe writing under dir
