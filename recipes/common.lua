@@ -184,6 +184,8 @@ M.rl_defaults = {
         min_p = 0,               -- 0: off
         seed = 1,                -- sampling seed (each step, round and prompt draws from its own stream)
         max_batch = 64,          -- sequences decoding together at most
+        enable_thinking = false, -- the chat template's thinking switch: false ends the prompt in </think>, as
+                                 -- rows without reasoning are rendered for SFT; true leaves the model to think
     },
 }
 

@@ -14,7 +14,7 @@ return {
                 prompt_field = 'question', answer_field = 'answer', template = 'glm5'},
         rl = {reward = 'gsm8k', n = 5, prompts = 256, mini_batches = 4, micro_batch = 4, kl_coef = 0.001,
               kl_estimator = 'k3', routing_replay = true, eval_limit = 1319},
-        rollout = {max_prompt_len = 512, max_new_tokens = 1024, temperature = 1.0},
+        rollout = {max_prompt_len = 512, max_new_tokens = 1024, temperature = 1.0, enable_thinking = true},
         train = {steps = 20, eval_every = 5},
         optim = {lr = 1e-6, min_lr = 1e-6, warmup = 0, schedule = 'constant', weight_decay = 0.01},
         metrics = {peak_flops = 989e12},

@@ -2,7 +2,8 @@
 --
 --   local prompts = require 'lunar.rl.prompts'
 --   local set = prompts.load(files, {tokenizer = tok, reward = 'gsm8k', template = 'glm5',
---       prompt_field = 'question', answer_field = 'answer', max_prompt_len = 512, limit = nil})
+--       enable_thinking = false, prompt_field = 'question', answer_field = 'answer',
+--       max_prompt_len = 512, limit = nil})
 --   local sampler = prompts.sampler(set, {seed = 1, shuffle = true})
 --   local batch = sampler:next(16)       -- 16 problems: {index =, ids =, gold =, question =}
 --   sampler:state() / sampler:set_state(s)   -- the position, for checkpoints
@@ -10,8 +11,10 @@
 -- A problem is a JSONL row with its question (prompt_field) and its answer (answer_field). The
 -- prompt is one user message, the question with the instruction the reward's reference data
 -- preparation appends (lunar.rl.rewards.prompt), rendered with the chat template and the
--- generation prompt. The gold answer is what the reward compares with: for the GSM8K rewards, the
--- number after the first "#### " of a worked answer (commas removed), else the answer as written.
+-- generation prompt (with thinking off, the default, the prompt ends in </think>, as SFT rows
+-- without reasoning are rendered). The gold answer is what the reward compares with: for the
+-- GSM8K rewards, the number after the first "#### " of a worked answer (commas removed), else
+-- the answer as written.
 -- Prompts longer than max_prompt_len tokens are left out (as SkyRL does) and counted; rows
 -- without a question or an answer are an error naming the file and line; a set with no usable
 -- problem is an error saying why.
@@ -65,7 +68,8 @@ function M.load(files, opts)
                 set.rows = set.rows + 1
                 local name = type(reward) == 'string' and reward or 'gsm8k'
                 local text = lunar.chat.render({{role = 'user', content = rewards.prompt(name, q)}},
-                    {template = opts.template or 'glm5', add_generation_prompt = true})
+                    {template = opts.template or 'glm5', add_generation_prompt = true,
+                     enable_thinking = opts.enable_thinking or false})
                 local ids = tok:encode(text, {special = true})
                 if #ids > set.longest then set.longest = #ids end
                 if #ids > opts.max_prompt_len then

@@ -65,7 +65,8 @@ local function setup(cfg)
     run.tok = setting_error('tokenizer=' .. cfg.tokenizer, lunar.tokenizer.load, cfg.tokenizer)
     run.reward = rewards.get(cfg.rl.reward, {on_error = cfg.rl.on_reward_error})
     local d = cfg.data
-    local popts = {tokenizer = run.tok, reward = cfg.rl.reward, template = d.template, prompt_field = d.prompt_field,
+    local popts = {tokenizer = run.tok, reward = cfg.rl.reward, template = d.template,
+                   enable_thinking = cfg.rollout.enable_thinking, prompt_field = d.prompt_field,
                    answer_field = d.answer_field, max_prompt_len = cfg.rollout.max_prompt_len, limit = d.limit}
     run.problems = prompts.load(d.train, popts)
     log(cfg, 'data.train: %d problems (%d prompts longer than rollout.max_prompt_len=%d left out)',
@@ -315,6 +316,7 @@ function M.plan(cfg)
     local mcfg = base.model_config(cfg)
     local tok = lunar.tokenizer.load(cfg.tokenizer)
     local set = prompts.load(cfg.data.train, {tokenizer = tok, reward = cfg.rl.reward, template = cfg.data.template,
+        enable_thinking = cfg.rollout.enable_thinking,
         prompt_field = cfg.data.prompt_field, answer_field = cfg.data.answer_field,
         max_prompt_len = cfg.rollout.max_prompt_len, limit = cfg.data.limit})
     local rl = cfg.rl
