@@ -22,7 +22,9 @@ run() { # dir: the GRPO recipe writing under dir
 mkdir -p "$TMP/full" "$TMP/killed"
 run "$TMP/full" || { cat "$TMP/full.err"; fail "the uninterrupted run failed"; }
 
-run "$TMP/killed" &
+# (exec: $! is lunar itself, not a subshell that would die and leave lunar running)
+(exec "$LUNAR" "$REPO/recipes/gsm8k.lua" $SMALL checkpoint.dir="$TMP/killed/ckpt" metrics.dir="$TMP/killed" \
+    output.dir="$TMP/killed/final" >"$TMP/killed.out" 2>"$TMP/killed.err" </dev/null) &
 pid=$!
 i=0
 until [ -f "$TMP/killed/ckpt/step_000002/COMPLETE.json" ]; do
@@ -33,6 +35,7 @@ done
 kill -9 $pid
 wait $pid 2>/dev/null
 [ ! -e "$TMP/killed/final" ] || fail "the killed run had already finished"
+grep -q '"step":4,' "$TMP/killed/metrics.jsonl" && fail "the killed run had already logged step 4"
 run "$TMP/killed" || { cat "$TMP/killed.err"; fail "the resumed run failed"; }
 grep -q "2 steps (3-4)" "$TMP/killed.out" || { cat "$TMP/killed.out"; fail "the run did not resume from step 2"; }
 
