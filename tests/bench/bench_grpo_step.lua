@@ -1,0 +1,114 @@
+-- bench_grpo_step.lua: the time of one GRPO step of the tiny preset (recipes/gsm8k.lua preset=tiny)
+-- on CPU, f32, split as the trainer's metrics split it: generate, old logprobs, train. Driven by
+-- tests/bench/bench_grpo_vs_torch.py, which times the same step in a PyTorch stack in the same run.
+--
+--   lunar tests/bench/bench_grpo_step.lua [prompts=8] [n=8] [new=128] [mini_batches=2] [micro_batch=8]
+--       [steps=2] [warmup=1] [export=DIR]
+--
+-- The step is lunar.rl.trainer's run_step made of the same pieces (lunar.rl.rollout, .batch,
+-- .advantages, .policy) with two changes that make the two sides do the same work: every step
+-- draws the first `prompts` GSM8K questions (no shuffle), and no token stops a response, so every
+-- sample has exactly `new` tokens (a model from a seeded init seldom samples a stop token anyway).
+-- export=DIR writes the seeded model as an HF checkpoint (with the tokenizer and its chat
+-- template) and DIR/prompts.json (the rendered prompt ids and gold answers), then exits.
+-- Prints one JSON line: the mean seconds of each phase over the measured steps.
+local lunar = require 'lunar'
+local common = dofile('recipes/common.lua')
+local base = require('lunar.train.trainer').setup_parts
+local rewards = require 'lunar.rl.rewards'
+local prompts_mod = require 'lunar.rl.prompts'
+local rollout = require 'lunar.rl.rollout'
+local advantages = require 'lunar.rl.advantages'
+local rlbatch = require 'lunar.rl.batch'
+local policy = require 'lunar.rl.policy'
+
+local o = lunar.config.overrides()
+local P, N, NEW = o.prompts or 8, o.n or 8, o.new or 128
+local steps, warmup = o.steps or 2, o.warmup or 1
+
+local cfg = common.recipe('grpo', {preset = 'tiny', quiet = true,
+    rl = {prompts = P, n = N, mini_batches = o.mini_batches or 2, micro_batch = o.micro_batch or 8},
+    rollout = {max_new_tokens = NEW}, data = {shuffle = false}})
+local rl = cfg.rl
+
+local run = {cfg = cfg, mcfg = base.model_config(cfg)}
+run.tok = lunar.tokenizer.load(cfg.tokenizer)
+run.reward = rewards.get(rl.reward)
+local set = prompts_mod.load(cfg.data.train, {tokenizer = run.tok, reward = rl.reward, template = cfg.data.template,
+    prompt_field = cfg.data.prompt_field, answer_field = cfg.data.answer_field,
+    max_prompt_len = cfg.rollout.max_prompt_len, limit = P})
+assert(#set.problems == P, 'the first prompts of data.train are all shorter than rollout.max_prompt_len')
+run.model = base.build_model(cfg)
+
+if o.export then
+    run.model:save_hf(o.export)
+    for _, f in ipairs({'tokenizer.json', 'tokenizer_config.json'}) do
+        local src = assert(io.open('recipes/presets/tiny/' .. f, 'rb'))
+        lunar.io.write_file(o.export .. '/' .. f, src:read('*a'))
+        src:close()
+    end
+    local rows = {}
+    for i, p in ipairs(set.problems) do rows[i] = {ids = p.ids, gold = p.gold, question = p.question} end
+    lunar.io.write_json(o.export .. '/prompts.json', {prompts = rows, rl = rl, rollout = cfg.rollout, optim = cfg.optim})
+    os.exit(0)
+end
+
+-- the same problems every step, in file order
+run.sampler = {next = function(_, k) local out = {} for i = 1, k do out[i] = set.problems[i] end return out end}
+if (rl.kl_coef or 0) > 0 then
+    run.ref_model = base.build_model(cfg)
+    run.ref_policy = policy.reference(run)
+end
+run.stop_ids = {}
+run.moe_layers = {}
+for i, L in ipairs(run.model.layers) do
+    if L.mlp_type == 'sparse' then run.moe_layers[#run.moe_layers + 1] = i - 1 end
+end
+run.moe = #run.moe_layers > 0
+local oc = cfg.optim
+run.opt = lunar.optim.AdamW.new(run.model.params, {lr = oc.lr, betas = oc.betas, eps = oc.eps,
+    weight_decay = oc.weight_decay, no_decay = oc.no_decay, clip = oc.clip_grad, accum = 1})
+
+-- trainer.lua's run_step, timed the same way (its time_generate, time_old_logprobs, time_train)
+local function step_of(step)
+    local t0 = lunar.clock()
+    local groups, gen = rollout.collect(run, step)
+    local t_gen = lunar.clock()
+    local minis = rlbatch.build(groups, {mini_batches = rl.mini_batches, micro_batch = rl.micro_batch,
+        routing = run.moe, replay = rl.routing_replay, experts_per_token = run.mcfg.num_experts_per_tok,
+        moe_layers = run.moe_layers})
+    local t_build = lunar.clock()
+    policy.old_logprobs(run, minis)
+    local scores = {}
+    for _, g in ipairs(groups) do for _, s in ipairs(g.samples) do scores[#scores + 1] = s.reward end end
+    local adv = advantages.compute(scores, rl.n, {estimator = rl.advantage, std_normalize = rl.std_normalize,
+        eps = rl.std_eps})
+    local i = 0
+    for _, g in ipairs(groups) do for _, s in ipairs(g.samples) do i = i + 1; s.advantage = adv[i] end end
+    rlbatch.set_advantages(minis)
+    local t_old = lunar.clock()
+    local upd = policy.update(run, minis, function(mb) return mb.advantages end)
+    local t_end = lunar.clock()
+    local correct = 0
+    for _, s in ipairs(scores) do correct = correct + s end
+    return {generate = t_gen - t0, batch = t_build - t_gen, old_logprobs = t_old - t_gen, train = t_end - t_old,
+            step = t_end - t0, gen_tokens = gen.gen_tokens, gen_seconds = gen.gen_seconds, loss = upd.loss,
+            reward_sum = correct}
+end
+
+local sums, count, last = {}, 0, nil
+for s = 1, warmup + steps do
+    local r = lunar.scope(step_of, s)
+    io.stderr:write(('lunar step %d: generate %.2f s, old logprobs %.2f s, train %.2f s, step %.2f s, loss %.4g\n')
+        :format(s, r.generate, r.old_logprobs, r.train, r.step, r.loss or 0))
+    if s > warmup then
+        count = count + 1
+        for k, v in pairs(r) do if type(v) == 'number' then sums[k] = (sums[k] or 0) + v end end
+    end
+    last = r
+end
+local out = {impl = 'lunar', threads = lunar.threads(), steps = count}
+for k, v in pairs(sums) do out[k] = v / count end
+out.gen_tokens_per_s = out.gen_tokens / out.gen_seconds
+out.last_loss = last.loss
+print((lunar.io.encode_json(out):gsub('\n%s*', ' ')))

@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""bench_grpo_vs_torch.py: one GRPO step of the tiny preset (recipes/gsm8k.lua preset=tiny), lunar vs
+a PyTorch stack (transformers generate + a torch loss + torch.optim.AdamW), CPU, f32, same threads,
+same model, prompts, batch and lengths, measured in one run, each side in its own process.
+
+    python3 tests/bench/bench_grpo_vs_torch.py [--lunar build/lunar] [--threads 2] [--prompts 8]
+        [--n 8] [--new 64] [--mini-batches 2] [--micro-batch 8] [--steps 1] [--warmup 1]
+
+Developer-machine benchmark (needs torch and transformers==5.25.0; CI never runs it).
+
+The model is the tiny preset's GlmMoeDsaForCausalLM from its seeded init (seed 1234), written by
+lunar as an HF checkpoint (tests/bench/bench_grpo_step.lua export=DIR) and loaded by transformers
+in f32 with its default implementations (sdpa attention, grouped_mm experts: on this CPU the
+fastest of transformers' choices for the forward and backward). The prompts are the first
+--prompts GSM8K questions of examples/data/rl/gsm8k_train.jsonl with the GSM8K instruction,
+rendered with the GLM-5 chat template: lunar.chat on one side, the tokenizer's chat template
+(apply_chat_template) on the other, checked to give the same ids.
+
+One step on each side:
+  generate      --n samples per prompt, --new tokens each, temperature 1, no top-k/top-p, no stop
+                token (lunar: no stop ids; transformers: min_new_tokens = max_new_tokens), then the
+                reward (the first "#### N" equals the gold: 1, else 0)
+  old logprobs  the policy's and the frozen reference's (KL k3, coef 0.001) log-probs of every
+                response token at the temperature, no grad, in the training micro-batches; the
+                GRPO advantages (per group (s - mean) / (std + 1e-6), std unbiased)
+  train         --mini-batches optimizer steps, each over its micro-batches of --micro-batch
+                responses: forward with grad, the PPO clipped (0.2) token-mean loss + 0.001 k3 KL,
+                backward, gradient clip 1.0, AdamW (lr 1e-4, betas 0.9/0.95, weight decay 0.01)
+lunar runs trainer.lua's step (lunar.rl.rollout, .batch, .policy): packed micro-batches (no
+padding), routing replay of generation's experts, entropy and the rollout/train log-prob gap
+logged. The PyTorch side pads each micro-batch to its longest sequence (right padding with an
+attention mask; left padding for generate), routes afresh, and computes the entropy of the
+response tokens without grad as a metric. The first --warmup steps of each side are not timed
+(allocator and thread-pool start-up); the table shows the mean of the --steps after them.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+TORCH_RUNNER = r'''
+import json, re, sys, time, torch
+import transformers
+transformers.logging.set_verbosity_error()
+from transformers import AutoTokenizer, GlmMoeDsaForCausalLM
+d, NEW, MB, MICRO, steps, warmup, threads = sys.argv[1], *map(int, sys.argv[2:8])
+torch.set_num_threads(threads)
+meta = json.load(open(d + "/prompts.json"))
+rl, ro, oc = meta["rl"], meta["rollout"], meta["optim"]
+N, T = rl["n"], float(ro["temperature"])
+tok = AutoTokenizer.from_pretrained(d)
+suffix = ' Let\'s think step by step and output the final answer after "####".'
+prompts = []
+for p in meta["prompts"]:
+    enc = tok.apply_chat_template([{"role": "user", "content": p["question"] + suffix}], add_generation_prompt=True,
+                                  tokenize=True)
+    ids = list(enc["input_ids"]) if hasattr(enc, "keys") else list(enc)
+    if ids != p["ids"]:
+        sys.exit("the chat template's ids differ from lunar.chat's for " + repr(p["question"][:60]))
+    prompts.append(ids)
+golds = [p["gold"] for p in meta["prompts"]]
+P = len(prompts)
+PAD = 6256
+
+def load():
+    return GlmMoeDsaForCausalLM.from_pretrained(d, dtype=torch.float32, use_kernels=False)
+model, ref = load(), load()
+ref.eval().requires_grad_(False)
+impl = "%s attention, %s experts" % (model.config._attn_implementation,
+                                     getattr(model.config, "_experts_implementation", "?"))
+decay, no_decay = [], []
+for name, p in model.named_parameters():
+    (no_decay if p.dim() < 2 or "norm" in name else decay).append(p)
+opt = torch.optim.AdamW([{"params": decay, "weight_decay": oc["weight_decay"]},
+                         {"params": no_decay, "weight_decay": 0.0}], lr=oc["lr"], betas=tuple(oc["betas"]),
+                        eps=oc["eps"])
+answer = re.compile(r"#### (\-?[0-9\.\,]+)")
+
+def reward(text, gold):
+    m = answer.search(text)
+    return 1.0 if m and m.group(1).replace(",", "") == gold else 0.0
+
+def micro_batches(seqs):
+    # right-padded (B, L) ids, attention mask, and the (B, NEW) positions predicting each response token
+    out = []
+    for i in range(0, len(seqs), MICRO):
+        part = seqs[i:i + MICRO]
+        L = max(len(p) + len(r) for p, r in part)
+        ids = torch.full((len(part), L), PAD, dtype=torch.long)
+        mask = torch.zeros((len(part), L), dtype=torch.long)
+        at = torch.zeros((len(part), NEW), dtype=torch.long)
+        for b, (p, r) in enumerate(part):
+            ids[b, :len(p) + len(r)] = torch.tensor(p + r)
+            mask[b, :len(p) + len(r)] = 1
+            at[b] = torch.arange(len(p) - 1, len(p) - 1 + NEW)
+        tgt = ids.gather(1, at + 1)
+        out.append((ids, mask, at, tgt))
+    return out
+
+def logprobs(m, mb, with_entropy=False):
+    ids, mask, at, tgt = mb
+    logits = m(input_ids=ids, attention_mask=mask, use_cache=False).logits
+    V = logits.size(-1)
+    z = logits.gather(1, at.unsqueeze(-1).expand(-1, -1, V)) / T          # (B, NEW, V)
+    lsm = torch.log_softmax(z, -1)
+    lp = lsm.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+    ent = None
+    if with_entropy:
+        with torch.no_grad():
+            ent = -(lsm.exp() * lsm).sum(-1)
+    return lp, ent
+
+def step():
+    t0 = time.time()
+    # generate: left-padded prompts, n samples each, exactly NEW tokens
+    L = max(len(p) for p in prompts)
+    ids = torch.full((P, L), PAD, dtype=torch.long)
+    am = torch.zeros((P, L), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, L - len(p):] = torch.tensor(p)
+        am[i, L - len(p):] = 1
+    model.eval()
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=am, do_sample=True, temperature=T, top_k=0, top_p=1.0,
+                             num_return_sequences=N, max_new_tokens=NEW, min_new_tokens=NEW, pad_token_id=PAD)
+    t_sampled = time.time()
+    responses = out[:, L:].tolist()
+    texts = tok.batch_decode(responses, skip_special_tokens=False)
+    scores = torch.tensor([reward(t, golds[i // N]) for i, t in enumerate(texts)])
+    t_gen = time.time()
+    # old and reference logprobs in the training micro-batches; GRPO advantages
+    seqs = [(prompts[i // N], responses[i]) for i in range(P * N)]
+    per_mini = P * N // MB
+    minis = [micro_batches(seqs[k * per_mini:(k + 1) * per_mini]) for k in range(MB)]
+    old, refl = [], []
+    with torch.no_grad():
+        for mini in minis:
+            old.append([logprobs(model, mb)[0] for mb in mini])
+            refl.append([logprobs(ref, mb)[0] for mb in mini])
+    g = scores.view(P, N)
+    adv = ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + rl["std_eps"])).view(-1)
+    t_old = time.time()
+    # train: one optimizer step per mini-batch, token-mean over the mini-batch
+    model.train()
+    losses = []
+    for k, mini in enumerate(minis):
+        tokens = per_mini * NEW
+        total = 0.0
+        for j, mb in enumerate(mini):
+            lp, ent = logprobs(model, mb, with_entropy=True)
+            a = adv[k * per_mini + j * MICRO:k * per_mini + j * MICRO + lp.size(0)].unsqueeze(1)
+            r = torch.exp(torch.clamp(lp - old[k][j], -20, 20))
+            pg = torch.maximum(-a * r, -a * torch.clamp(r, 1 - rl["eps_low"], 1 + rl["eps_high"]))
+            x = torch.clamp(-(lp - refl[k][j]), -20, 20)
+            kl = torch.clamp(torch.exp(x) - x - 1, -10, 10)
+            loss = (pg + rl["kl_coef"] * kl).sum() / tokens
+            loss.backward()
+            total += loss.item()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), oc["clip_grad"])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(total)
+    t_end = time.time()
+    return {"generate": t_gen - t0, "old_logprobs": t_old - t_gen, "train": t_end - t_old, "step": t_end - t0,
+            "gen_tokens": P * N * NEW, "gen_seconds": t_sampled - t0, "loss": sum(losses) / len(losses),
+            "reward_sum": scores.sum().item()}
+
+sums, count = {}, 0
+for s in range(warmup + steps):
+    r = step()
+    print("torch step %d: generate %.2f s, old logprobs %.2f s, train %.2f s, step %.2f s, loss %.4g"
+          % (s + 1, r["generate"], r["old_logprobs"], r["train"], r["step"], r["loss"]), file=sys.stderr, flush=True)
+    if s >= warmup:
+        count += 1
+        for k, v in r.items(): sums[k] = sums.get(k, 0) + v
+res = {k: v / count for k, v in sums.items()}
+res.update(impl="pytorch", threads=threads, steps=count, hf_impl=impl, gen_tokens_per_s=res["gen_tokens"] / res["gen_seconds"])
+print(json.dumps(res))
+'''
+
+PHASES = [("generate", "generate (+ rewards)"), ("old_logprobs", "old + ref logprobs"), ("train", "train"),
+          ("step", "whole step")]
+
+
+def run(cmd, env, what):
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = p.communicate()
+    if p.returncode != 0:
+        sys.exit(f"{what} failed:\n{err}")
+    print("".join(line + "\n" for line in err.splitlines() if " step " in line), end="", flush=True)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lunar", default="build/lunar")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--mini-batches", type=int, default=2)
+    ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--warmup", type=int, default=1)
+    a = ap.parse_args()
+    if (a.prompts * a.n) % (a.mini_batches * a.micro_batch) != 0 or a.prompts % a.mini_batches != 0:
+        sys.exit("--prompts must split evenly into --mini-batches, and each mini-batch into micro-batches of "
+                 "--micro-batch responses")
+    import torch
+    import transformers
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), LUNAR_THREADS=str(a.threads))
+    shape = [f"prompts={a.prompts}", f"n={a.n}", f"new={a.new}", f"mini_batches={a.mini_batches}",
+             f"micro_batch={a.micro_batch}"]
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run([a.lunar, "tests/bench/bench_grpo_step.lua", f"export={d}"] + shape, check=True, env=env)
+        r_pt = run([sys.executable, "-c", TORCH_RUNNER, d] + [str(x) for x in (a.new, a.mini_batches, a.micro_batch,
+                                                                               a.steps, a.warmup, a.threads)],
+                   env, "the PyTorch run")
+        r_lu = run([a.lunar, "tests/bench/bench_grpo_step.lua", f"steps={a.steps}", f"warmup={a.warmup}"] + shape,
+                   env, "the lunar run")
+    print(f"tiny preset GRPO step: {a.prompts} prompts x {a.n} samples x {a.new} new tokens, {a.mini_batches} "
+          f"mini-batches of micro-batches of {a.micro_batch}, KL k3 to a reference copy, {a.threads} threads, f32, "
+          f"mean of {a.steps} step(s) after {a.warmup} warm-up; transformers {transformers.__version__} "
+          f"({r_pt['hf_impl']}) + torch.optim.AdamW, torch {torch.__version__}")
+    print(f"  {'phase':22s} {'lunar s':>9s} {'torch s':>9s} {'ratio':>7s}")
+    for key, name in PHASES:
+        print(f"  {name:22s} {r_lu[key]:9.2f} {r_pt[key]:9.2f} {r_pt[key] / r_lu[key]:6.2f}x")
+    print(f"  generation tokens/s    {r_lu['gen_tokens_per_s']:9.1f} {r_pt['gen_tokens_per_s']:9.1f} "
+          f"{r_lu['gen_tokens_per_s'] / r_pt['gen_tokens_per_s']:6.2f}x")
+    print(f"ratio: lunar {r_pt['step'] / r_lu['step']:.2f}x faster on the whole step (floor 3x)")
+
+
+if __name__ == "__main__":
+    main()
