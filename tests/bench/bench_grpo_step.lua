@@ -3,7 +3,7 @@
 -- tests/bench/bench_grpo_vs_torch.py, which times the same step in a PyTorch stack in the same run.
 --
 --   lunar tests/bench/bench_grpo_step.lua [prompts=8] [n=8] [new=128] [mini_batches=2] [micro_batch=8]
---       [steps=2] [warmup=1] [export=DIR]
+--       [steps=2] [warmup=1] [export=DIR] [profile=true]
 --
 -- The step is lunar.rl.trainer's run_step made of the same pieces (lunar.rl.rollout, .batch,
 -- .advantages, .policy) with two changes that make the two sides do the same work: every step
@@ -12,6 +12,9 @@
 -- export=DIR writes the seeded model as an HF checkpoint (with the tokenizer and its chat
 -- template) and DIR/prompts.json (the rendered prompt ids and gold answers), then exits.
 -- Prints one JSON line: the mean seconds of each phase over the measured steps.
+-- profile=true also prints to stderr where each measured phase's time went: the functions below
+-- (modules, ops, generation, optimizer) wrapped with lunar.clock(), inclusive (a module's time
+-- holds the ops it calls), with call counts.
 local lunar = require 'lunar'
 local common = dofile('recipes/common.lua')
 local base = require('lunar.train.trainer').setup_parts
@@ -69,16 +72,64 @@ local oc = cfg.optim
 run.opt = lunar.optim.AdamW.new(run.model.params, {lr = oc.lr, betas = oc.betas, eps = oc.eps,
     weight_decay = oc.weight_decay, no_decay = oc.no_decay, clip = oc.clip_grad, accum = 1})
 
+-- ---- profile: wrap functions with timers, per phase ------------------------------------------------
+local prof = {phase = nil, acc = {}}
+local function wrap(tbl, key, label)
+    local f = tbl[key]
+    assert(type(f) == 'function', label)
+    tbl[key] = function(...)
+        if not prof.phase then return f(...) end
+        local ph = prof.phase
+        local t0 = lunar.clock()
+        local r = {f(...)}
+        local a = prof.acc[ph][label] or {0, 0}
+        a[1], a[2] = a[1] + lunar.clock() - t0, a[2] + 1
+        prof.acc[ph][label] = a
+        return unpack(r, 1, table.maxn(r))
+    end
+end
+if o.profile then
+    local nn, ops, glm = require 'lunar.nn', lunar.ops, require 'lunar.model.glm'
+    local decode, gattn = require 'lunar.generate.decode', require 'lunar.generate.attention'
+    local sampling = require 'lunar.generate.sampling'
+    for _, w in ipairs({
+        {glm.Model, 'forward', 'model:forward'}, {glm.Model, 'backward', 'model:backward'},
+        {glm.Model, 'prepare', 'model:prepare (masks, positions)'}, {glm, 'entropy', 'entropy'},
+        {glm, 'entropy_backward_', 'entropy backward'},
+        {nn.MLA, 'forward', 'MLA forward'}, {nn.MLA, 'backward', 'MLA backward'},
+        {nn.DSA, 'forward', 'DSA indexer forward'}, {nn.MoE, 'forward', 'MoE forward'},
+        {nn.MoE, 'backward', 'MoE backward'}, {nn.MLP, 'forward', 'MLP forward'}, {nn.MLP, 'backward', 'MLP backward'},
+        {nn.RMSNorm, 'forward', 'RMSNorm forward'}, {nn.RMSNorm, 'backward', 'RMSNorm backward'},
+        {nn.Embedding, 'forward', 'embedding forward'},
+        {ops, 'attention', 'op attention'}, {ops, 'attention_backward', 'op attention_backward'},
+        {ops, 'index_scores', 'op index_scores'}, {ops, 'cross_entropy', 'op cross_entropy'},
+        {ops, 'cross_entropy_backward', 'op cross_entropy_backward'}, {ops, 'gemm', 'op gemm'},
+        {ops, 'block_mask', 'op block_mask'}, {ops, 'topk', 'op topk'}, {ops, 'index_select', 'op index_select'},
+        {ops, 'index_add_', 'op index_add_'},
+        {decode, 'prefill', 'decode.prefill'}, {decode, 'step', 'decode.step'},
+        {gattn, 'decode', 'decode attention (per layer)'}, {gattn, 'store_prefill', 'prefill cache writes'},
+        {sampling, 'sample', 'sampling.sample'}, {lunar.generate, 'run', 'lunar.generate'},
+        {require 'lunar.rl.loss', 'policy', 'loss.policy'}, {rlbatch, 'build', 'rl.batch.build'},
+        {lunar.optim.AdamW, 'step', 'AdamW step'}, {run.tok, 'decode', 'tokenizer decode'},
+    }) do wrap(w[1], w[2], w[3]) end
+end
+local function in_phase(name, fn, ...)
+    if o.profile then prof.phase = name; prof.acc[name] = prof.acc[name] or {} end
+    local r = {fn(...)}
+    prof.phase = nil
+    return unpack(r, 1, table.maxn(r))
+end
+
 -- trainer.lua's run_step, timed the same way (its time_generate, time_old_logprobs, time_train)
 local function step_of(step)
     local t0 = lunar.clock()
-    local groups, gen = rollout.collect(run, step)
+    local groups, gen = in_phase('generate', rollout.collect, run, step)
     local t_gen = lunar.clock()
     local minis = rlbatch.build(groups, {mini_batches = rl.mini_batches, micro_batch = rl.micro_batch,
         routing = run.moe, replay = rl.routing_replay, experts_per_token = run.mcfg.num_experts_per_tok,
         moe_layers = run.moe_layers})
     local t_build = lunar.clock()
-    policy.old_logprobs(run, minis)
+    in_phase('old_logprobs', policy.old_logprobs, run, minis)
     local scores = {}
     for _, g in ipairs(groups) do for _, s in ipairs(g.samples) do scores[#scores + 1] = s.reward end end
     local adv = advantages.compute(scores, rl.n, {estimator = rl.advantage, std_normalize = rl.std_normalize,
@@ -87,7 +138,7 @@ local function step_of(step)
     for _, g in ipairs(groups) do for _, s in ipairs(g.samples) do i = i + 1; s.advantage = adv[i] end end
     rlbatch.set_advantages(minis)
     local t_old = lunar.clock()
-    local upd = policy.update(run, minis, function(mb) return mb.advantages end)
+    local upd = in_phase('train', policy.update, run, minis, function(mb) return mb.advantages end)
     local t_end = lunar.clock()
     local correct = 0
     for _, s in ipairs(scores) do correct = correct + s end
@@ -101,11 +152,22 @@ for s = 1, warmup + steps do
     local r = lunar.scope(step_of, s)
     io.stderr:write(('lunar step %d: generate %.2f s, old logprobs %.2f s, train %.2f s, step %.2f s, loss %.4g\n')
         :format(s, r.generate, r.old_logprobs, r.train, r.step, r.loss or 0))
+    if s <= warmup then prof.acc = {} end
     if s > warmup then
         count = count + 1
         for k, v in pairs(r) do if type(v) == 'number' then sums[k] = (sums[k] or 0) + v end end
     end
     last = r
+end
+if o.profile then
+    for _, ph in ipairs({'generate', 'old_logprobs', 'train'}) do
+        local rows = {}
+        for label, a in pairs(prof.acc[ph] or {}) do rows[#rows + 1] = {label, a[1] / count, a[2] / count} end
+        table.sort(rows, function(x, y) return x[2] > y[2] end)
+        io.stderr:write(('profile %s (%.2f s per step; inclusive seconds per step, calls per step):\n'):format(ph,
+            sums[ph] / count))
+        for _, r in ipairs(rows) do io.stderr:write(('  %-34s %8.3f s %8d\n'):format(r[1], r[2], r[3])) end
+    end
 end
 local out = {impl = 'lunar', threads = lunar.threads(), steps = count}
 for k, v in pairs(sums) do out[k] = v / count end
