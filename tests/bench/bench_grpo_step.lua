@@ -3,7 +3,7 @@
 -- tests/bench/bench_grpo_vs_torch.py, which times the same step in a PyTorch stack in the same run.
 --
 --   lunar tests/bench/bench_grpo_step.lua [prompts=8] [n=8] [new=128] [mini_batches=2] [micro_batch=8]
---       [steps=2] [warmup=1] [export=DIR] [profile=true]
+--       [steps=2] [warmup=1] [export=DIR] [profile=true] [serve=true]
 --
 -- The step is lunar.rl.trainer's run_step made of the same pieces (lunar.rl.rollout, .batch,
 -- .advantages, .policy) with two changes that make the two sides do the same work: every step
@@ -147,6 +147,26 @@ local function step_of(step)
             reward_sum = correct}
 end
 
+local function json_line(t) return (lunar.io.encode_json(t):gsub('\n%s*', ' ')) end
+
+-- serve=true: one step per line read from stdin ("step"; "quit" or the end ends), one JSON line
+-- of its times back on stdout, so that a driver can interleave the steps of two implementations
+if o.serve then
+    print('ready')
+    io.stdout:flush()
+    local s = 0
+    while true do
+        local line = io.read('*l')
+        if not line or line == 'quit' then break end
+        s = s + 1
+        local r = lunar.scope(step_of, s)
+        r.impl, r.threads = 'lunar', lunar.threads()
+        print(json_line(r))
+        io.stdout:flush()
+    end
+    os.exit(0)
+end
+
 local sums, count, last = {}, 0, nil
 for s = 1, warmup + steps do
     local r = lunar.scope(step_of, s)
@@ -173,4 +193,4 @@ local out = {impl = 'lunar', threads = lunar.threads(), steps = count}
 for k, v in pairs(sums) do out[k] = v / count end
 out.gen_tokens_per_s = out.gen_tokens / out.gen_seconds
 out.last_loss = last.loss
-print((lunar.io.encode_json(out):gsub('\n%s*', ' ')))
+print(json_line(out))

@@ -4,7 +4,7 @@ a PyTorch stack (transformers generate + a torch loss + torch.optim.AdamW), CPU,
 same model, prompts, batch and lengths, measured in one run, each side in its own process.
 
     python3 tests/bench/bench_grpo_vs_torch.py [--lunar build/lunar] [--threads 2] [--prompts 8]
-        [--n 8] [--new 64] [--mini-batches 2] [--micro-batch 8] [--steps 1] [--warmup 1]
+        [--n 8] [--new 128] [--mini-batches 2] [--micro-batch 8] [--steps 3] [--warmup 1]
 
 Developer-machine benchmark (needs torch and transformers==5.25.0; CI never runs it).
 
@@ -45,7 +45,7 @@ import json, re, sys, time, torch
 import transformers
 transformers.logging.set_verbosity_error()
 from transformers import AutoTokenizer, GlmMoeDsaForCausalLM
-d, NEW, MB, MICRO, steps, warmup, threads = sys.argv[1], *map(int, sys.argv[2:8])
+d, NEW, MB, MICRO, threads = sys.argv[1], *map(int, sys.argv[2:6])
 torch.set_num_threads(threads)
 meta = json.load(open(d + "/prompts.json"))
 rl, ro, oc = meta["rl"], meta["rollout"], meta["optim"]
@@ -167,30 +167,55 @@ def step():
             "gen_tokens": P * N * NEW, "gen_seconds": t_sampled - t0, "loss": sum(losses) / len(losses),
             "reward_sum": scores.sum().item()}
 
-sums, count = {}, 0
-for s in range(warmup + steps):
+# one step per line read from stdin ("step"; "quit" or the end ends), one JSON line back
+print("ready", flush=True)
+for line in sys.stdin:
+    if line.strip() != "step":
+        break
     r = step()
-    print("torch step %d: generate %.2f s, old logprobs %.2f s, train %.2f s, step %.2f s, loss %.4g"
-          % (s + 1, r["generate"], r["old_logprobs"], r["train"], r["step"], r["loss"]), file=sys.stderr, flush=True)
-    if s >= warmup:
-        count += 1
-        for k, v in r.items(): sums[k] = sums.get(k, 0) + v
-res = {k: v / count for k, v in sums.items()}
-res.update(impl="pytorch", threads=threads, steps=count, hf_impl=impl, gen_tokens_per_s=res["gen_tokens"] / res["gen_seconds"])
-print(json.dumps(res))
+    r.update(impl="pytorch", threads=threads, hf_impl=impl)
+    print(json.dumps(r), flush=True)
 '''
 
 PHASES = [("generate", "generate (+ rewards)"), ("old_logprobs", "old + ref logprobs"), ("train", "train"),
           ("step", "whole step")]
 
 
-def run(cmd, env, what):
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, err = p.communicate()
-    if p.returncode != 0:
-        sys.exit(f"{what} failed:\n{err}")
-    print("".join(line + "\n" for line in err.splitlines() if " step " in line), end="", flush=True)
-    return json.loads(out.strip().splitlines()[-1])
+class Side:
+    """one implementation's process, running a step each time it is asked"""
+
+    def __init__(self, name, cmd, env, log):
+        self.name = name
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                     text=True)
+        self.read("ready")
+
+    def read(self, want=None):
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait()
+            sys.exit(f"the {self.name} run failed (exit {self.proc.returncode}); see its log")
+        if want is not None:
+            if line.strip() != want:
+                sys.exit(f"the {self.name} run said {line.strip()!r}, expected {want!r}")
+            return None
+        return json.loads(line)
+
+    def step(self):
+        self.proc.stdin.write("step\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def close(self):
+        self.proc.stdin.write("quit\n")
+        self.proc.stdin.close()
+        self.proc.wait()
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
 def main():
@@ -199,13 +224,13 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--n", type=int, default=8)
-    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--mini-batches", type=int, default=2)
     ap.add_argument("--micro-batch", type=int, default=8)
-    ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     a = ap.parse_args()
-    if (a.prompts * a.n) % (a.mini_batches * a.micro_batch) != 0 or a.prompts % a.mini_batches != 0:
+    if a.prompts % a.mini_batches != 0 or (a.prompts * a.n // a.mini_batches) % a.micro_batch != 0:
         sys.exit("--prompts must split evenly into --mini-batches, and each mini-batch into micro-batches of "
                  "--micro-batch responses")
     import torch
@@ -213,23 +238,45 @@ def main():
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), LUNAR_THREADS=str(a.threads))
     shape = [f"prompts={a.prompts}", f"n={a.n}", f"new={a.new}", f"mini_batches={a.mini_batches}",
              f"micro_batch={a.micro_batch}"]
+    rows = {"lunar": [], "pytorch": []}
+    loads = []
     with tempfile.TemporaryDirectory() as d:
         subprocess.run([a.lunar, "tests/bench/bench_grpo_step.lua", f"export={d}"] + shape, check=True, env=env)
-        r_pt = run([sys.executable, "-c", TORCH_RUNNER, d] + [str(x) for x in (a.new, a.mini_batches, a.micro_batch,
-                                                                               a.steps, a.warmup, a.threads)],
-                   env, "the PyTorch run")
-        r_lu = run([a.lunar, "tests/bench/bench_grpo_step.lua", f"steps={a.steps}", f"warmup={a.warmup}"] + shape,
-                   env, "the lunar run")
+        with open(os.path.join(d, "torch.log"), "w") as tlog, open(os.path.join(d, "lunar.log"), "w") as llog:
+            sides = [Side("pytorch", [sys.executable, "-c", TORCH_RUNNER, d, str(a.new), str(a.mini_batches),
+                                      str(a.micro_batch), str(a.threads)], env, tlog),
+                     Side("lunar", [a.lunar, "tests/bench/bench_grpo_step.lua", "serve=true"] + shape, env, llog)]
+            # the sides take turns step by step (the first of each pair alternates), so that a change
+            # in the machine's load reaches both
+            for i in range(a.warmup + a.steps):
+                for side in (sides if i % 2 == 0 else sides[::-1]):
+                    r = side.step()
+                    load = os.getloadavg()[0]
+                    tag = "warm-up" if i < a.warmup else "measured"
+                    print(f"step {i + 1} ({tag}) {side.name:8s} generate {r['generate']:6.2f} s  old logprobs "
+                          f"{r['old_logprobs']:6.2f} s  train {r['train']:6.2f} s  step {r['step']:6.2f} s  "
+                          f"load {load:.2f}", flush=True)
+                    if i >= a.warmup:
+                        rows[side.name].append(r)
+                        loads.append(load)
+            for side in sides:
+                side.close()
+    lu, pt = rows["lunar"], rows["pytorch"]
     print(f"tiny preset GRPO step: {a.prompts} prompts x {a.n} samples x {a.new} new tokens, {a.mini_batches} "
-          f"mini-batches of micro-batches of {a.micro_batch}, KL k3 to a reference copy, {a.threads} threads, f32, "
-          f"mean of {a.steps} step(s) after {a.warmup} warm-up; transformers {transformers.__version__} "
-          f"({r_pt['hf_impl']}) + torch.optim.AdamW, torch {torch.__version__}")
+          f"mini-batches of micro-batches of {a.micro_batch}, KL k3 to a reference copy, {a.threads} threads, f32; "
+          f"median of {a.steps} interleaved step(s) after {a.warmup} warm-up; transformers "
+          f"{transformers.__version__} ({pt[0]['hf_impl']}) + torch.optim.AdamW, torch {torch.__version__}; "
+          f"load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs")
     print(f"  {'phase':22s} {'lunar s':>9s} {'torch s':>9s} {'ratio':>7s}")
     for key, name in PHASES:
-        print(f"  {name:22s} {r_lu[key]:9.2f} {r_pt[key]:9.2f} {r_pt[key] / r_lu[key]:6.2f}x")
-    print(f"  generation tokens/s    {r_lu['gen_tokens_per_s']:9.1f} {r_pt['gen_tokens_per_s']:9.1f} "
-          f"{r_lu['gen_tokens_per_s'] / r_pt['gen_tokens_per_s']:6.2f}x")
-    print(f"ratio: lunar {r_pt['step'] / r_lu['step']:.2f}x faster on the whole step (floor 3x)")
+        ml, mp = median([r[key] for r in lu]), median([r[key] for r in pt])
+        print(f"  {name:22s} {ml:9.2f} {mp:9.2f} {mp / ml:6.2f}x")
+    tl = median([r["gen_tokens"] / r["gen_seconds"] for r in lu])
+    tp = median([r["gen_tokens"] / r["gen_seconds"] for r in pt])
+    print(f"  generation tokens/s    {tl:9.1f} {tp:9.1f} {tl / tp:6.2f}x")
+    pairs = [p["step"] / l["step"] for l, p in zip(lu, pt)]
+    print(f"ratio: lunar {median([r['step'] for r in pt]) / median([r['step'] for r in lu]):.2f}x faster on the "
+          f"whole step (floor 3x); per step pair: {', '.join(f'{x:.2f}x' for x in pairs)}")
 
 
 if __name__ == "__main__":
