@@ -149,11 +149,22 @@ elseif o.what_if then
     error('what_if: unknown ' .. tostring(o.what_if) .. ' (dense_short_docs)')
 end
 
+-- CPU seconds of this process (user + system, all threads; /proc/self/stat counts 1/100 s ticks)
+local function cpu_seconds()
+    local f = io.open('/proc/self/stat', 'r')
+    if not f then return 0 end
+    local line = f:read('*l')
+    f:close()
+    local fields = {}
+    for x in line:match('%) (.*)$'):gmatch('%S+') do fields[#fields + 1] = x end
+    return (tonumber(fields[12]) + tonumber(fields[13])) / 100
+end
+
 -- trainer.lua's run_step, timed the same way (its time_generate, time_old_logprobs, time_train)
 local function step_of(step)
-    local t0 = lunar.clock()
+    local t0, c0 = lunar.clock(), cpu_seconds()
     local groups, gen = in_phase('generate', rollout.collect, run, step)
-    local t_gen = lunar.clock()
+    local t_gen, c_gen = lunar.clock(), cpu_seconds()
     local minis = rlbatch.build(groups, {mini_batches = rl.mini_batches, micro_batch = rl.micro_batch,
         routing = run.moe, replay = rl.routing_replay, experts_per_token = run.mcfg.num_experts_per_tok,
         moe_layers = run.moe_layers})
@@ -166,14 +177,15 @@ local function step_of(step)
     local i = 0
     for _, g in ipairs(groups) do for _, s in ipairs(g.samples) do i = i + 1; s.advantage = adv[i] end end
     rlbatch.set_advantages(minis)
-    local t_old = lunar.clock()
+    local t_old, c_old = lunar.clock(), cpu_seconds()
     local upd = in_phase('train', policy.update, run, minis, function(mb) return mb.advantages end)
-    local t_end = lunar.clock()
+    local t_end, c_end = lunar.clock(), cpu_seconds()
     local correct = 0
     for _, s in ipairs(scores) do correct = correct + s end
     return {generate = t_gen - t0, batch = t_build - t_gen, old_logprobs = t_old - t_gen, train = t_end - t_old,
             step = t_end - t0, gen_tokens = gen.gen_tokens, gen_seconds = gen.gen_seconds, loss = upd.loss,
-            reward_sum = correct}
+            reward_sum = correct, cpu_generate = c_gen - c0, cpu_old_logprobs = c_old - c_gen,
+            cpu_train = c_end - c_old, cpu_step = c_end - c0}
 end
 
 local function json_line(t) return (lunar.io.encode_json(t):gsub('\n%s*', ' ')) end

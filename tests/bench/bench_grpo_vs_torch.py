@@ -31,7 +31,11 @@ padding), routing replay of generation's experts, entropy and the rollout/train 
 logged. The PyTorch side pads each micro-batch to its longest sequence (right padding with an
 attention mask; left padding for generate), routes afresh, and computes the entropy of the
 response tokens without grad as a metric. The first --warmup steps of each side are not timed
-(allocator and thread-pool start-up); the table shows the mean of the --steps after them.
+(allocator and thread-pool start-up). Both processes stay up and take turns step by step (the
+first of each pair alternating), so that the shared machine's changing load reaches both; the
+table shows medians of the measured steps: wall seconds and the process's CPU seconds (user +
+system of all its threads, which a loaded machine inflates less than wall time; with several
+threads it includes their spin-waits).
 """
 import argparse
 import json
@@ -113,7 +117,7 @@ def logprobs(m, mb, with_entropy=False):
     return lp, ent
 
 def step():
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     # generate: left-padded prompts, n samples each, exactly NEW tokens
     L = max(len(p) for p in prompts)
     ids = torch.full((P, L), PAD, dtype=torch.long)
@@ -129,7 +133,7 @@ def step():
     responses = out[:, L:].tolist()
     texts = tok.batch_decode(responses, skip_special_tokens=False)
     scores = torch.tensor([reward(t, golds[i // N]) for i, t in enumerate(texts)])
-    t_gen = time.time()
+    t_gen, c_gen = time.time(), time.process_time()
     # old and reference logprobs in the training micro-batches; GRPO advantages
     seqs = [(prompts[i // N], responses[i]) for i in range(P * N)]
     per_mini = P * N // MB
@@ -141,7 +145,7 @@ def step():
             refl.append([logprobs(ref, mb)[0] for mb in mini])
     g = scores.view(P, N)
     adv = ((g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + rl["std_eps"])).view(-1)
-    t_old = time.time()
+    t_old, c_old = time.time(), time.process_time()
     # train: one optimizer step per mini-batch, token-mean over the mini-batch
     model.train()
     losses = []
@@ -162,8 +166,9 @@ def step():
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(total)
-    t_end = time.time()
-    return {"generate": t_gen - t0, "old_logprobs": t_old - t_gen, "train": t_end - t_old, "step": t_end - t0,
+    t_end, c_end = time.time(), time.process_time()
+    return {"cpu_generate": c_gen - c0, "cpu_old_logprobs": c_old - c_gen, "cpu_train": c_end - c_old,
+            "cpu_step": c_end - c0,"generate": t_gen - t0, "old_logprobs": t_old - t_gen, "train": t_end - t_old, "step": t_end - t0,
             "gen_tokens": P * N * NEW, "gen_seconds": t_sampled - t0, "loss": sum(losses) / len(losses),
             "reward_sum": scores.sum().item()}
 
@@ -255,7 +260,7 @@ def main():
                     tag = "warm-up" if i < a.warmup else "measured"
                     print(f"step {i + 1} ({tag}) {side.name:8s} generate {r['generate']:6.2f} s  old logprobs "
                           f"{r['old_logprobs']:6.2f} s  train {r['train']:6.2f} s  step {r['step']:6.2f} s  "
-                          f"load {load:.2f}", flush=True)
+                          f"(cpu {r['cpu_step']:6.2f} s)  load {load:.2f}", flush=True)
                     if i >= a.warmup:
                         rows[side.name].append(r)
                         loads.append(load)
@@ -267,10 +272,12 @@ def main():
           f"median of {a.steps} interleaved step(s) after {a.warmup} warm-up; transformers "
           f"{transformers.__version__} ({pt[0]['hf_impl']}) + torch.optim.AdamW, torch {torch.__version__}; "
           f"load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs")
-    print(f"  {'phase':22s} {'lunar s':>9s} {'torch s':>9s} {'ratio':>7s}")
+    print(f"  {'phase':22s} {'lunar s':>9s} {'torch s':>9s} {'ratio':>7s}   {'lunar cpu s':>11s} {'torch cpu s':>11s} "
+          f"{'ratio':>7s}")
     for key, name in PHASES:
         ml, mp = median([r[key] for r in lu]), median([r[key] for r in pt])
-        print(f"  {name:22s} {ml:9.2f} {mp:9.2f} {mp / ml:6.2f}x")
+        cl, cp = median([r["cpu_" + key] for r in lu]), median([r["cpu_" + key] for r in pt])
+        print(f"  {name:22s} {ml:9.2f} {mp:9.2f} {mp / ml:6.2f}x   {cl:11.2f} {cp:11.2f} {cp / max(cl, 1e-9):6.2f}x")
     tl = median([r["gen_tokens"] / r["gen_seconds"] for r in lu])
     tp = median([r["gen_tokens"] / r["gen_seconds"] for r in pt])
     print(f"  generation tokens/s    {tl:9.1f} {tp:9.1f} {tl / tp:6.2f}x")
