@@ -11,14 +11,17 @@
 -- sample has exactly `new` tokens (a model from a seeded init seldom samples a stop token anyway).
 -- export=DIR writes the seeded model as an HF checkpoint (with the tokenizer and its chat
 -- template) and DIR/prompts.json (the rendered prompt ids and gold answers), then exits.
--- Prints one JSON line: the mean seconds of each phase over the measured steps.
+-- Prints one JSON line: the mean seconds (wall and CPU) of each phase over the measured steps.
+-- serve=true runs a step for each "step" line read from stdin and answers with its JSON line
+-- (what the driver uses to interleave the two sides).
 -- profile=true also prints to stderr where each measured phase's time went: the functions below
 -- (modules, ops, generation, optimizer) wrapped with lunar.clock(), inclusive (a module's time
 -- holds the ops it calls), with call counts.
 -- what_if=dense_short_docs measures a change without making it: a DSA layer whose packed row is
 -- longer than index_topk but whose documents are all at most index_topk long runs as if the row
--- were short (every visible key selected, no indexer, no per-query key list), which gives the
--- same attention up to rounding; lunar's MLA tests the packed row's length instead. With
+-- were short (every visible key selected, no indexer, no per-query key list): every visible key
+-- is attended either way (the log-probs of a micro-batch of 8 responses of 206 tokens were the
+-- same bits); lunar's MLA tests the packed row's length instead. With
 -- what_if, the measured steps alternate between lunar as it is and the change (the first of each
 -- pair alternating too), and the JSON line gives both (`what_if` holds the changed side's means).
 local lunar = require 'lunar'
