@@ -210,6 +210,8 @@ local function clean(t)
     return out
 end
 
+M.clean = clean
+
 -- a user's mistake: one line naming the setting, no traceback into lunar (lunar --traceback
 -- shows it)
 local function user_error(msg) core.user_error(msg) end

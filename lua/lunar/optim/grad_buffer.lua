@@ -14,9 +14,11 @@
 -- Layout: the trainable parameters in registration order, each at an offset of the flat buffer
 -- (grad_dtype, f32 by default), padded to a multiple of the group size; rank r owns the elements
 -- [r * shard, (r + 1) * shard) (Megatron's distributed optimizer, one contiguous slice per rank).
--- Buckets are consecutive runs of parameters taken from the end of the registration order (the
--- order backward completes them: lm_head and the last layers first), each about bucket_elems
--- elements; the first bucket also holds the padding.
+-- Buckets are consecutive runs of parameters taken from the end of the registration order (about
+-- the order backward completes them: the last layers first), each about bucket_elems elements;
+-- the first bucket also holds the padding. A bucket starts as soon as all its parameters are
+-- complete, whatever the others do (a bucket holding the MTP layer, which the training backward
+-- does not reach, waits for the end without holding up the layers' buckets).
 --
 -- The store's gradients become views of the buffer: store:grad(name) hands out the view (zero on
 -- first use) and records that the parameter got a gradient on this rank. A parameter "has a
@@ -179,7 +181,7 @@ end
 function Buffer:arm()
     for _, b in ipairs(self.buckets) do b.missing, b.started = #b.entries, false end
     self.done = {}
-    self.next_bucket = 1
+    self.started = 0
     self.armed = true
 end
 
@@ -194,8 +196,9 @@ function Buffer:_start(b)
     self.requests[#self.requests + 1] = req
 end
 
--- entries complete: start the buckets that are whole, in bucket order (the same on every rank),
--- and let MPI move the ones in flight
+-- entries complete: start the buckets that are whole (in bucket order; the completions come in
+-- the same order on every rank, so the ranks start the same collectives in the same order), and
+-- let MPI move the ones in flight
 function Buffer:_complete(list)
     for _, e in ipairs(list) do
         if not self.done[e.index] then
@@ -204,9 +207,11 @@ function Buffer:_complete(list)
             b.missing = b.missing - 1
         end
     end
-    while self.next_bucket <= #self.buckets and self.buckets[self.next_bucket].missing == 0 do
-        self:_start(self.buckets[self.next_bucket])
-        self.next_bucket = self.next_bucket + 1
+    for _, b in ipairs(self.buckets) do
+        if b.missing == 0 and not b.started then
+            self:_start(b)
+            self.started = self.started + 1
+        end
     end
     for _, r in ipairs(self.requests) do r:test() end
 end
@@ -215,7 +220,7 @@ end
 -- gradient. Returns the number of buckets the hooks started before backward ended.
 function Buffer:finish()
     if not self.armed then fail('grad_buffer:finish: arm() was not called before the last backward') end
-    local early = self.next_bucket - 1
+    local early = self.started
     self:_complete(self.entries)
     self.armed = false
     for i, r in ipairs(self.requests) do

@@ -32,10 +32,11 @@ local M = {}
 local DP = {}
 DP.__index = DP
 
--- setup(cfg) -> the data-parallel state, or nil when the run has one rank
+-- setup(cfg) -> the data-parallel state, or nil when the run has one rank (or cfg.single_rank:
+-- this process trains alone even under a launcher, as the tests' one-rank reference does)
 function M.setup(cfg)
     local env = dist.env()
-    if env.size <= 1 then return nil end
+    if env.size <= 1 or cfg.single_rank then return nil end
     local p = cfg.parallel or {}
     local lay = dist.layout{tp = p.tp or 1, pp = p.pp or 1, cp = p.cp or 1, ep = p.ep or 1}
     local g = lay:group('dp')
