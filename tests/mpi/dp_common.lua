@@ -40,11 +40,14 @@ local ADAMW = {lr = 1e-3, betas = {0.9, 0.95}, eps = 1e-8, weight_decay = 0.1, c
                schedule = {warmup = 0, total = 10, decay = 'cosine', min_lr = 1e-4}}
 
 -- the checks of one step; returns a table of measured numbers for the caller's messages
-function M.one_step(T, distributed_on, micro_batch)
+-- (config: changes to the tiny preset's model config)
+function M.one_step(T, distributed_on, micro_batch, config)
     micro_batch = micro_batch or 2
     local world = d.world()
     local np, rank = world:size(), world:rank()
-    local cfg = M.preset.common.model.config
+    local cfg = {}
+    for k, v in pairs(M.preset.common.model.config) do cfg[k] = v end
+    for k, v in pairs(config or {}) do cfg[k] = v end
     -- the reference: the whole global batch (micro_batch x np rows) on this rank alone
     local full = data.loader{source = documents(), seq_len = M.data.seq_len, micro_batch = micro_batch * np, seed = 3}
     local ref_batch = full:next()
