@@ -435,19 +435,21 @@ function M.check_runnable(cfg)
             user_error(('recipe %s: parallel.%s=%s: expected a positive integer'):format(cfg.name, k, tostring(v)))
         end
     end
+    local missing
+    for _, k in ipairs({'tp', 'pp', 'cp', 'ep', 'etp', 'vpp'}) do
+        if p[k] ~= 1 and not missing then
+            missing = ('parallel.%s=%s: this parallel degree is not implemented in this version of lunar (data parallel '
+                .. 'is: mpirun -np N with parallel.tp, pp, cp, ep, etp and vpp all 1); set parallel.%s=1')
+                :format(k, tostring(p[k]), k)
+        end
+    end
     -- the layout first, so that a world the degrees do not divide is named with its numbers
     local ok, err = pcall(lunar.dist.plan, {tp = p.tp, pp = p.pp, cp = p.cp, ep = p.ep}, env.size)
     if not ok then
-        user_error(('recipe %s: the parallel layout does not fit %d rank%s: %s'):format(cfg.name, env.size,
-            env.size == 1 and '' or 's', lunar.config.strip_where(tostring(err))))
+        user_error(('recipe %s: the parallel layout does not fit %d rank%s: %s%s'):format(cfg.name, env.size,
+            env.size == 1 and '' or 's', lunar.config.strip_where(tostring(err)), missing and ('; and ' .. missing) or ''))
     end
-    for _, k in ipairs({'tp', 'pp', 'cp', 'ep', 'etp', 'vpp'}) do
-        if p[k] ~= 1 then
-            user_error(('recipe %s: parallel.%s=%s: this parallel degree is not implemented in this version of lunar '
-                .. '(data parallel is: mpirun -np N with parallel.tp, pp, cp, ep, etp and vpp all 1); set parallel.%s=1')
-                :format(cfg.name, k, tostring(p[k]), k))
-        end
-    end
+    if missing then user_error(('recipe %s: %s'):format(cfg.name, missing)) end
     if type(p.bucket_mb) ~= 'number' or not (p.bucket_mb > 0) then
         user_error(('recipe %s: parallel.bucket_mb=%s: expected a positive number'):format(cfg.name, tostring(p.bucket_mb)))
     end
