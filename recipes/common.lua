@@ -205,7 +205,9 @@ local function clean(t)
     if type(t) ~= 'table' then return t end
     local out = {}
     for k, v in pairs(t) do
-        if v ~= false or k == 'shuffle' or k == 'quiet' or k == 'tensorboard' then out[k] = clean(v) end
+        if v ~= false or k == 'shuffle' or k == 'quiet' or k == 'tensorboard' or k == 'distributed_optimizer' then
+            out[k] = clean(v)
+        end
     end
     return out
 end

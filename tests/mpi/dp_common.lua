@@ -128,7 +128,8 @@ function M.one_step(T, distributed_on, micro_batch, config)
     assert(moved > 100, 'only ' .. moved .. ' parameters moved')
     assert(worst_p <= 1e-5, ('parameter %s after the step: relative L2 %.3g'):format(tostring(worst_pname), worst_p))
     assert(worst_u <= 1e-3, ('update of %s: relative L2 %.3g'):format(tostring(worst_uname), worst_u))
-    return {loss_rel = loss_rel, grad_rel = worst, param_rel = worst_p, update_rel = worst_u, buckets = #buffer.buckets,
+    return {loss_rel = loss_rel, grad_rel = worst, param_rel = worst_p, param_name = worst_pname, update_rel = worst_u,
+            update_name = worst_uname, buckets = #buffer.buckets,
             early = early, optimizer = optB, reference = optA}
 end
 

@@ -3,7 +3,8 @@
 -- optimizer on and off: loss, every gradient, every parameter after the update within 1e-5
 -- relative L2), 20 steps of
 -- the tiny SFT recipe give the losses of one rank at every step, and a run stopped after its
--- checkpoint and resumed gives bit-identical later losses and weights.
+-- checkpoint and resumed gives bit-identical later losses and weights (and one rank refuses to
+-- resume it).
 local lunar = require 'lunar'
 local common = dofile('tests/mpi/common.lua')
 local dpc = dofile('tests/mpi/dp_common.lua')
@@ -17,8 +18,9 @@ local T = common.suite('data parallel np2', 2)
 T:test('one step at dp=2, distributed optimizer on, equals one rank', function()
     local m = dpc.one_step(T, true)
     if d.rank() == 0 then
-        print(('  loss rel %.2g, worst gradient rel %.2g, parameter rel %.2g, update rel %.2g, %d buckets (%d started '
-            .. 'in backward)'):format(m.loss_rel, m.grad_rel, m.param_rel, m.update_rel, m.buckets, m.early))
+        print(('  loss rel %.2g, worst gradient rel %.2g, parameter rel %.2g (%s), update rel %.2g (%s), %d buckets (%d started '
+            .. 'in backward)'):format(m.loss_rel, m.grad_rel, m.param_rel, m.param_name, m.update_rel, m.update_name,
+            m.buckets, m.early))
     end
 end)
 
@@ -48,6 +50,16 @@ T:test('20 steps of the tiny SFT recipe at dp=2 give the losses of one rank', fu
         worst = math.max(worst, rel)
     end
     assert(dp.losses[20] < dp.losses[1], 'the loss fell')
+    assert(dp.optimizer.shard_state, 'the distributed optimizer by default')
+    -- parallel.distributed_optimizer=false: the replicated AdamW, the same losses
+    local rep = recipes.run('sft', dpc.recipe(dir .. '/rep', {train = {steps = 3},
+        parallel = {distributed_optimizer = false}}))
+    assert(not rep.optimizer.shard_state, 'distributed_optimizer=false gives the replicated optimizer')
+    for i = 1, 3 do
+        local rel = math.abs(rep.losses[i] - one.losses[i]) / math.abs(one.losses[i])
+        assert(rel <= 1e-5, ('replicated optimizer, step %d: loss %.9g, one rank %.9g'):format(i, rep.losses[i],
+            one.losses[i]))
+    end
     if d.rank() == 0 then print(('  20 steps: worst loss rel %.2g'):format(worst)) end
     d.barrier()
     if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
@@ -77,6 +89,9 @@ T:test('stopped after a checkpoint and resumed at dp=2: bit-identical losses and
     -- every rank wrote its optimizer shard into the checkpoint
     local ck = dir .. '/cut/ckpt/step_000003/optimizer_shards/'
     for r = 0, 1 do assert(require('lunar.core').fs.stat(ck .. ('rank_%05d.safetensors'):format(r)), 'shard of rank ' .. r) end
+    -- one rank alone does not resume it (the sharded state and the data order belong to dp=2)
+    T.raises(function() single(dir .. '/cut', steps) end, 'was written with 2 data-parallel ranks (distributed optimizer), '
+        .. 'this run has 1')
     d.barrier()
     if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
 end)

@@ -13,8 +13,9 @@ local T = common.suite('data parallel np4', 4)
 T:test('one step at dp=4, distributed optimizer on, equals one rank', function()
     local m = dpc.one_step(T, true, 1)
     if d.rank() == 0 then
-        print(('  loss rel %.2g, gradient rel %.2g, parameter rel %.2g, update rel %.2g, %d buckets (%d started in '
-            .. 'backward)'):format(m.loss_rel, m.grad_rel, m.param_rel, m.update_rel, m.buckets, m.early))
+        print(('  loss rel %.2g, gradient rel %.2g, parameter rel %.2g (%s), update rel %.2g (%s), %d buckets (%d started in '
+            .. 'backward)'):format(m.loss_rel, m.grad_rel, m.param_rel, m.param_name, m.update_rel, m.update_name,
+            m.buckets, m.early))
     end
 end)
 

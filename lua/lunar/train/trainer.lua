@@ -104,7 +104,7 @@ local function report_data(cfg, rep, what)
     end
     log(cfg, '%s: %d rows kept%s, %d rejected', what, rep.n_good,
         #changed > 0 and (' (' .. table.concat(changed, ', ') .. ' at max_len)') or '', rep.n_bad)
-    if not cfg.quiet or rep.n_bad > 0 then rep:print() end
+    if not cfg.silent and (not cfg.quiet or rep.n_bad > 0) then rep:print() end
     local total = rep.n_good + rep.n_bad
     if rep.n_good == 0 then
         user_error(('%s: no usable row in %s (%d rejected; the reasons are above)'):format(what,
@@ -287,6 +287,7 @@ local function check_resumed_recipe(cfg, st)
             .. 'start afresh, or another checkpoint.dir'):format(st.dir, table.concat(breaking, '\n')
             .. (#other > 0 and ('\n' .. table.concat(other, '\n')) or '')))
     end
+    if cfg.silent then return end
     print(('[lunar] resuming %s with changed settings:\n%s'):format(st.dir, table.concat(breaking, '\n')
         .. (#breaking > 0 and #other > 0 and '\n' or '') .. table.concat(other, '\n')))
 end
@@ -316,7 +317,7 @@ local function setup(cfg)
     if cfg.threads then lunar.threads(cfg.threads) end
     local dp = data_parallel.setup(cfg)
     -- one voice: rank 0 prints and writes the run's files, the other ranks train silently
-    if dp and not dp:is_main() then cfg.quiet = true end
+    if dp and not dp:is_main() then cfg.quiet, cfg.silent = true, true end
     local model_setting = cfg.model.path and ('model.path=' .. cfg.model.path) or 'model.config'
     local mcfg = setting_error(model_setting, model_config, cfg)
     local mpe = mcfg.max_position_embeddings
