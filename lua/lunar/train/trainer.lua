@@ -649,6 +649,8 @@ end
 -- {params =, trainable =, memory = {weights =, grads =, optimizer =, total =}, data = {rows =,
 -- documents =, tokens =, efficiency =, rows_per_step =, steps_per_epoch =, epochs =}}
 function M.plan(cfg)
+    -- under a launcher, rank 0 prints the plan
+    if lunar.dist.env().rank ~= 0 then cfg.quiet, cfg.silent = true, true end
     local mcfg = model_config(cfg)
     local spec = require('lunar.model.params').spec(mcfg)
     local params = 0
@@ -668,7 +670,9 @@ function M.plan(cfg)
     report_data(cfg, rep, 'data.train')
     local loader = make_loader(cfg, source, {shuffle = cfg.data.shuffle ~= false, quiet = true})
     local st = loader:plan(0).stats
-    local per_step = cfg.data.micro_batch * cfg.train.grad_accum
+    -- data parallel (under a launcher): the global batch is micro_batch x grad_accum x ranks rows
+    local env = lunar.dist.env()
+    local per_step = cfg.data.micro_batch * cfg.train.grad_accum * env.size
     local steps_per_epoch = st.rows / per_step
     local p = {params = params, trainable = trainable, memory = mem,
                data = {documents = st.documents, rows = st.rows, tokens = st.real_tokens, slots = st.slots,
@@ -683,12 +687,18 @@ function M.plan(cfg)
         ('  data         %s documents, %s tokens -> %s rows of %d (packing %s, efficiency %.2f%%)'):format(
             metrics_mod.commas(st.documents), metrics_mod.commas(st.real_tokens), metrics_mod.commas(st.rows),
             cfg.data.seq_len, cfg.data.packing or 'bfd', 100 * st.efficiency),
-        ('  schedule     %d steps of %d rows (%d x %d): %.1f steps per epoch, %.2f epochs'):format(cfg.train.steps,
-            per_step, cfg.data.micro_batch, cfg.train.grad_accum, steps_per_epoch, p.data.epochs),
+        ('  schedule     %d steps of %d rows (%d x %d%s): %.1f steps per epoch, %.2f epochs'):format(cfg.train.steps,
+            per_step, cfg.data.micro_batch, cfg.train.grad_accum, env.size > 1 and (' x ' .. env.size .. ' ranks') or '',
+            steps_per_epoch, p.data.epochs),
         ('  outputs      checkpoints %s, metrics %s, final %s'):format(cfg.checkpoint.dir, cfg.metrics.dir,
             cfg.output.dir or '-'),
     }
-    print(table.concat(lines, '\n'))
+    if env.size > 1 then
+        local sharded = not cfg.parallel or cfg.parallel.distributed_optimizer ~= false
+        lines[#lines + 1] = ('  parallel     data parallel over %d ranks: AdamW state %s per rank (%s)'):format(env.size,
+            mib(sharded and mem.optimizer / env.size or mem.optimizer), sharded and 'sharded' or 'replicated')
+    end
+    if env.rank == 0 then print(table.concat(lines, '\n')) end
     return p
 end
 
