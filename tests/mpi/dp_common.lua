@@ -65,7 +65,7 @@ function M.one_step(T, distributed_on, micro_batch, config)
                              dp_rank = rank, dp_size = np}
     local b = mine:next()
     local B = lunar.model.new(cfg, {seed = 11})
-    local buffer = grad_buffer.new(B.params, {group = world, shard = distributed_on, bucket_elems = 2 ^ 18})
+    local buffer = grad_buffer.new(B.params, {group = world, shard = distributed_on, bucket_elems = 2 ^ 18, model = B})
     buffer:watch(B)
     local targets = d.all_reduce(lunar.tensor({b.num_targets}, 'f64'), {group = world}):item()
     T.equal(targets, ref_batch.num_targets, 'global target count')

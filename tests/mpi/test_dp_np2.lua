@@ -36,6 +36,14 @@ local function single(dir, extra)
     return trainer.run(recipes.clean(cfg))
 end
 
+T:test('under 2 ranks the recipes whose trainer is not data parallel refuse', function()
+    local cfg = recipes.recipe('sft', {})
+    recipes.check_runnable(cfg)   -- sft runs
+    cfg.kind = 'grpo'
+    T.raises(function() recipes.check_runnable(cfg) end, 'started as 2 ranks, but multi-rank training is not '
+        .. 'implemented for grpo recipes')
+end)
+
 T:test('20 steps of the tiny SFT recipe at dp=2 give the losses of one rank', function()
     local dir = dpc.tmpdir()
     local dp = recipes.run('sft', dpc.recipe(dir .. '/dp'))

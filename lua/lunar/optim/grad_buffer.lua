@@ -1,7 +1,7 @@
 -- lunar.optim.grad_buffer: the gradients of a parameter store in one flat buffer, reduced over a
 -- data-parallel group in buckets that start while backward is still running.
 --
---   local gb = grad_buffer.new(store, {group = dp_group, shard = true, bucket_elems = 4 * 2^20})
+--   local gb = grad_buffer.new(store, {group = dp_group, shard = true, bucket_elems = 4 * 2^20, model = model})
 --   gb:watch(model)                 -- lets each decoder layer's backward say its gradients are done
 --   ... forward/backward of the micro-batches but the last ...
 --   gb:arm()                        -- the next backward is the step's last: reduce as it goes
@@ -11,14 +11,14 @@
 --   -- shard = true:  gb.shard_grad (shard elements) is the sum of this rank's slice of the
 --   --                flat buffer (a reduce-scatter per bucket); the rest is this rank's own
 --
--- Layout: the trainable parameters in registration order, each at an offset of the flat buffer
--- (grad_dtype, f32 by default), padded to a multiple of the group size; rank r owns the elements
--- [r * shard, (r + 1) * shard) (Megatron's distributed optimizer, one contiguous slice per rank).
--- Buckets are consecutive runs of parameters taken from the end of the registration order (about
--- the order backward completes them: the last layers first), each about bucket_elems elements;
--- the first bucket also holds the padding. A bucket starts as soon as all its parameters are
--- complete, whatever the others do (a bucket holding the MTP layer, which the training backward
--- does not reach, waits for the end without holding up the layers' buckets).
+-- Layout: the trainable parameters in the order backward completes them, each at an offset of
+-- the flat buffer (grad_dtype, f32 by default), padded to a multiple of the group size: with
+-- opts.model, the decoder layers' parameters from the last layer to the first, then the others
+-- (embedding, final norm, lm_head, the MTP layer) in registration order; without it, the
+-- registration order. Rank r owns the elements [r * shard, (r + 1) * shard) (Megatron's
+-- distributed optimizer, one contiguous slice per rank). Buckets are consecutive runs of about
+-- bucket_elems elements from the start of the buffer; the last one also holds the padding. A
+-- bucket starts as soon as all its parameters are complete, whatever the others do.
 --
 -- The store's gradients become views of the buffer: store:grad(name) hands out the view (zero on
 -- first use) and records that the parameter got a gradient on this rank. A parameter "has a
@@ -50,16 +50,19 @@ function M.nbytes(t) return t:numel() * (DTYPE_BYTES[t:dtype()] or 4) end
 local Buffer = {}
 Buffer.__index = Buffer
 
+local layer_of
+local layer_names = setmetatable({}, {__mode = 'k'})   -- model -> {layer name = index}
+
 M.DEFAULT_BUCKET_ELEMS = 4 * 2 ^ 20
 
--- new(store, {group =, shard = false, bucket_elems = 4M}) -> buffer
+-- new(store, {group =, shard = false, bucket_elems = 4M, model =}) -> buffer
 function M.new(store, o)
     o = o or {}
     local g = o.group
     if not dist.is_group(g) then fail('grad_buffer.new: group must be a process group') end
     local size, rank = g:size(), g:rank()
     local entries, total, dtype, device = {}, 0, nil, nil
-    for name in store:names() do
+    for _, name in ipairs(M.completion_order(store, o.model)) do
         if store:is_trainable(name) then
             local p = store:get(name)
             if not p:is_contiguous() then
@@ -116,19 +119,54 @@ function M.new(store, o)
     return self
 end
 
--- buckets from the end of the registration order, about `cap` elements each
+-- the index in model.layers of the decoder layer that owns parameter `name` (its name starts with
+-- the layer's name and a dot: "model.layers.3.mlp..." is layer "model.layers.3"), or nil
+function layer_of(model, name)
+    if type(model) ~= 'table' or type(model.layers) ~= 'table' then return nil end
+    local index = layer_names[model]
+    if not index then
+        index = {}
+        for i, L in ipairs(model.layers) do
+            if type(L.name) == 'string' then index[L.name] = i end
+        end
+        layer_names[model] = index
+    end
+    local prefix = name:match('^(.-%.%d+)%.')
+    return prefix and index[prefix]
+end
+
+-- the store's names in the order a backward of `model` completes their gradients (see the
+-- header); the registration order without a model
+function M.completion_order(store, model)
+    local by_layer, rest = {}, {}
+    for name in store:names() do
+        local i = layer_of(model, name)
+        if i then
+            by_layer[i] = by_layer[i] or {}
+            table.insert(by_layer[i], name)
+        else
+            rest[#rest + 1] = name
+        end
+    end
+    local names = {}
+    for i = (type(model) == 'table' and type(model.layers) == 'table') and #model.layers or 0, 1, -1 do
+        for _, name in ipairs(by_layer[i] or {}) do names[#names + 1] = name end
+    end
+    for _, name in ipairs(rest) do names[#names + 1] = name end
+    return names
+end
+
+-- consecutive runs of about `cap` elements from the start of the buffer
 function Buffer:_make_buckets(cap)
     if type(cap) ~= 'number' or cap < 1 then fail('grad_buffer: bucket_elems must be a positive number') end
     local buckets, cur = {}, nil
-    for i = #self.entries, 1, -1 do
-        local e = self.entries[i]
-        if not cur then
-            cur = {hi = (#buckets == 0) and self.padded or (e.offset + e.numel), entries = {}}
-        end
+    for i, e in ipairs(self.entries) do
+        if not cur then cur = {lo = e.offset, entries = {}} end
         cur.entries[#cur.entries + 1] = e
-        cur.lo = e.offset
+        cur.hi = e.offset + e.numel
         e.bucket = #buckets + 1
-        if cur.hi - cur.lo >= cap or i == 1 then
+        if cur.hi - cur.lo >= cap or i == #self.entries then
+            if i == #self.entries then cur.hi = self.padded end
             buckets[#buckets + 1] = cur
             cur = nil
         end
@@ -157,14 +195,18 @@ end
 function Buffer:watch(model)
     if self.watched or type(model) ~= 'table' or type(model.layers) ~= 'table' then return self end
     self.watched = true
-    for _, L in ipairs(model.layers) do
+    local lists = {}
+    for _, e in ipairs(self.entries) do
+        local i = layer_of(model, e.name)
+        if i then
+            lists[i] = lists[i] or {}
+            table.insert(lists[i], e)
+        end
+    end
+    for i, L in ipairs(model.layers) do
         local norm = L.input_norm
-        local prefix = type(L.name) == 'string' and (L.name .. '.')
-        if type(norm) == 'table' and type(norm.backward) == 'function' and prefix then
-            local list = {}
-            for _, e in ipairs(self.entries) do
-                if e.name:sub(1, #prefix) == prefix then list[#list + 1] = e end
-            end
+        if type(norm) == 'table' and type(norm.backward) == 'function' and lists[i] then
+            local list = lists[i]
             local backward = norm.backward
             local buffer = self
             norm.backward = function(mod, ...)

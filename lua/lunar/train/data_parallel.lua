@@ -52,7 +52,7 @@ function DP:is_main() return self.world_rank == 0 end
 -- buffer watching `model`'s backward
 function DP:optimizer(store, model, adamw_opts)
     self.buffer = grad_buffer.new(store, {group = self.group, shard = self.distributed,
-                                          bucket_elems = self.bucket_elems})
+                                          bucket_elems = self.bucket_elems, model = model})
     self.buffer:watch(model)
     if self.distributed then return distributed.new(store, self.buffer, adamw_opts) end
     return AdamW.new(store, adamw_opts)
