@@ -26,8 +26,9 @@
  * floating dtypes only; bool takes max/min only. Data movement (gather, broadcast, all-to-all,
  * send/recv) takes every dtype.
  *
- * CPU transfers are blocking. CUDA transfers are ordered on the tensor's stream: the call returns
- * once the work is queued. Pair blocking sends and receives so they cannot wait on each other
+ * CPU transfers are blocking, except the non-blocking *_start collectives (a request finished by
+ * lunar_comm_wait). CUDA transfers are ordered on the tensor's stream: the call returns once the
+ * work is queued. Pair blocking sends and receives so they cannot wait on each other
  * (for a ring, use lunar_comm_send_recv).
  *
  * Ranks and coordinates are 0-based; dim 0 is the first dimension.
