@@ -132,6 +132,9 @@ M.defaults = {
         etp = 1,                 -- expert tensor parallel degree
         vpp = 1,                 -- virtual pipeline stages per rank
         layout = false,          -- a custom layout (documentation of a preset)
+        distributed_optimizer = true, -- data parallel: shard the AdamW state over the ranks (ZeRO-1);
+                                 -- false keeps a whole copy on every rank
+        bucket_mb = 16,          -- data parallel: MiB of f32 gradients per bucket reduced during backward
     },
     hardware = {
         nodes = 1,               -- nodes the job runs on
@@ -262,10 +265,14 @@ local function clean(t)
     if type(t) ~= 'table' then return t end
     local out = {}
     for k, v in pairs(t) do
-        if v ~= false or k == 'shuffle' or k == 'quiet' or k == 'tensorboard' then out[k] = clean(v) end
+        if v ~= false or k == 'shuffle' or k == 'quiet' or k == 'tensorboard' or k == 'distributed_optimizer' then
+            out[k] = clean(v)
+        end
     end
     return out
 end
+
+M.clean = clean
 
 -- a user's mistake: one line naming the setting, no traceback into lunar (lunar --traceback
 -- shows it)
@@ -405,6 +412,8 @@ end
 
 -- print the resolved recipe (one line per setting, sorted), then its notes
 function M.print(cfg)
+    -- under mpirun, rank 0 speaks for the job
+    if lunar.dist.env().rank ~= 0 then return end
     if cfg.quiet then
         for _, n in ipairs(cfg.notes or {}) do print('note: ' .. n) end
         return
@@ -474,29 +483,53 @@ end
 
 -- ---- checks ---------------------------------------------------------------------------------------
 
--- Check that this process can run the recipe. Multi-rank training is not implemented yet: a
--- recipe under a launcher with several ranks, or asking for a parallel degree above 1, refuses
--- on every rank before any work (otherwise N ranks would train N copies of the same run and
--- write the same files).
+-- Check that this process can run the recipe. Under a launcher with several ranks the recipe
+-- runs data parallel (parallel.tp = pp = cp = ep = 1; docs/parallel.md). A layout that does not
+-- fit the number of ranks, and the parallel degrees not implemented yet (tensor, pipeline,
+-- context, expert parallel), refuse on every rank before any work, naming the numbers.
+-- the recipe kinds whose trainer (lunar.train.trainer) runs data parallel over several ranks
+M.DATA_PARALLEL_KINDS = {pretrain = true, sft = true, lora = true}
+
 function M.check_runnable(cfg)
     local env = lunar.dist.env()
-    if env.size > 1 then
-        user_error(('recipe %s: started as %d ranks, but multi-rank training is not implemented in this version of '
-            .. 'lunar: every rank would train the same copy of the run and write the same files. Run it as one '
-            .. 'process (without mpirun)'):format(cfg.name, env.size))
-    end
     local h, p = cfg.hardware, cfg.parallel
+    if env.size > 1 and not M.DATA_PARALLEL_KINDS[cfg.kind] then
+        user_error(('recipe %s: started as %d ranks, but multi-rank training is not implemented for %s recipes in this '
+            .. 'version of lunar (the pretrain, sft and lora recipes run data parallel): every rank would train the same '
+            .. 'copy of the run and write the same files. Run it as one process (without mpirun)'):format(cfg.name,
+            env.size, tostring(cfg.kind)))
+    end
     local n = math.max(1, h.nodes * math.max(h.gpus_per_node, 1))
-    if n > 1 then
-        user_error(('recipe %s describes a %d-GPU job (%d node%s x %d %s; TP%d PP%d CP%d EP%d): multi-rank training '
-            .. 'is not implemented in this version of lunar; the tiny preset runs on one CPU process'):format(
-            cfg.name, n, h.nodes, h.nodes == 1 and '' or 's', h.gpus_per_node, h.gpu, p.tp, p.pp, p.cp, p.ep))
+    if n > 1 and n ~= env.size then
+        user_error(('recipe %s describes a %d-GPU job (%d node%s x %d %s; TP%d PP%d CP%d EP%d) but runs as %d rank%s: '
+            .. 'tensor, pipeline, context and expert parallel training are not implemented in this version of lunar '
+            .. '(data parallel is); the tiny preset runs on one CPU process, or data parallel under mpirun'):format(
+            cfg.name, n, h.nodes, h.nodes == 1 and '' or 's', h.gpus_per_node, h.gpu, p.tp, p.pp, p.cp, p.ep,
+            env.size, env.size == 1 and '' or 's'))
     end
     for _, k in ipairs({'tp', 'pp', 'cp', 'ep', 'etp', 'vpp'}) do
-        if p[k] ~= 1 then
-            user_error(('recipe %s: parallel.%s=%s: multi-rank training is not implemented in this version of lunar '
-                .. '(one process runs every degree as 1); set parallel.%s=1'):format(cfg.name, k, tostring(p[k]), k))
+        local v = p[k]
+        if type(v) ~= 'number' or v < 1 or v ~= math.floor(v) then
+            user_error(('recipe %s: parallel.%s=%s: expected a positive integer'):format(cfg.name, k, tostring(v)))
         end
+    end
+    local missing
+    for _, k in ipairs({'tp', 'pp', 'cp', 'ep', 'etp', 'vpp'}) do
+        if p[k] ~= 1 and not missing then
+            missing = ('parallel.%s=%s: this parallel degree is not implemented in this version of lunar (data parallel '
+                .. 'is: mpirun -np N with parallel.tp, pp, cp, ep, etp and vpp all 1); set parallel.%s=1')
+                :format(k, tostring(p[k]), k)
+        end
+    end
+    -- the layout first, so that a world the degrees do not divide is named with its numbers
+    local ok, err = pcall(lunar.dist.plan, {tp = p.tp, pp = p.pp, cp = p.cp, ep = p.ep}, env.size)
+    if not ok then
+        user_error(('recipe %s: the parallel layout does not fit %d rank%s: %s%s'):format(cfg.name, env.size,
+            env.size == 1 and '' or 's', lunar.config.strip_where(tostring(err)), missing and ('; and ' .. missing) or ''))
+    end
+    if missing then user_error(('recipe %s: %s'):format(cfg.name, missing)) end
+    if type(p.bucket_mb) ~= 'number' or not (p.bucket_mb > 0) then
+        user_error(('recipe %s: parallel.bucket_mb=%s: expected a positive number'):format(cfg.name, tostring(p.bucket_mb)))
     end
     -- cpu:N (N >= 1) are the debug devices of LUNAR_FAKE_CPU_DEVICES
     local kind, index = tostring(cfg.model.device):match('^(%a+):?(%d*)$')

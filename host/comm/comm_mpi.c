@@ -241,9 +241,13 @@ static void stage_release(lunar_ctx *ctx, stage *s) { lunar_tensor_release(ctx, 
 
 /* ---- signatures: one small all-reduce that catches mismatched calls ---------------------------- */
 
-enum { K_ALL_REDUCE = 1, K_ALL_GATHER, K_REDUCE_SCATTER, K_BROADCAST, K_ALL_TO_ALL, K_BARRIER, K_SEND };
+enum {
+    K_ALL_REDUCE = 1, K_ALL_GATHER, K_REDUCE_SCATTER, K_BROADCAST, K_ALL_TO_ALL, K_BARRIER, K_ALL_REDUCE_START,
+    K_REDUCE_SCATTER_START, K_SEND
+};
 static const char *const kind_names[] = {"?", "all_reduce", "all_gather", "reduce_scatter", "broadcast",
-                                         "all_to_all", "barrier", "send"};
+                                         "all_to_all", "barrier", "all_reduce_start", "reduce_scatter_start",
+                                         "send"};
 
 enum {
     SIG_KIND = 0, SIG_DTYPE, SIG_DEV, SIG_NDIM, SIG_SHAPE,
@@ -282,7 +286,8 @@ static void sig_format(const int64_t *s, int with_kind, char *buf, size_t n) {
         if (len < (int)n)
             len += snprintf(buf + len, n - (size_t)len, ") on %s", s[SIG_DEV] == LUNAR_DEVICE_CUDA ? "cuda" : "cpu");
     }
-    if (len < (int)n && (kind == K_ALL_REDUCE || kind == K_REDUCE_SCATTER) && s[SIG_EXTRA] >= 0)
+    if (len < (int)n && (kind == K_ALL_REDUCE || kind == K_REDUCE_SCATTER || kind == K_ALL_REDUCE_START
+                         || kind == K_REDUCE_SCATTER_START) && s[SIG_EXTRA] >= 0)
         len += snprintf(buf + len, n - (size_t)len, ", op %s", lunar_comm_op_name((lunar_comm_op)s[SIG_EXTRA]));
     if (len < (int)n && kind == K_BROADCAST) snprintf(buf + len, n - (size_t)len, ", root %lld", (long long)s[SIG_EXTRA]);
 }
@@ -497,6 +502,31 @@ static lunar_status mpi_all_to_all(lunar_ctx *ctx, lunar_comm *c, const char *op
     return st;
 }
 
+/* non-blocking: t (contiguous, a reduce dtype) = op over the group, in place; *r completes it */
+static lunar_status mpi_iall_reduce(lunar_ctx *ctx, lunar_comm *c, const char *op, lunar_tensor *t, lunar_comm_op rop,
+                                    MPI_Request *r) {
+    int64_t count = lunar_tensor_numel(t);
+    LUNAR_TRY(check_count(ctx, c, op, count));
+    return mpi_status(ctx, MPI_Iallreduce(MPI_IN_PLACE, lunar_tensor_data(t), (int)count, mpi_reduce_type(t->dtype),
+                                          mpi_op(rop), c->mpi, r), c, op, "MPI_Iallreduce");
+}
+
+/* non-blocking uneven reduce-scatter; counts (size ints) must live until the request completes */
+static lunar_status mpi_ireduce_scatter(lunar_ctx *ctx, lunar_comm *c, const char *op, lunar_tensor *out,
+                                        const lunar_tensor *in, const int *counts, lunar_comm_op rop, MPI_Request *r) {
+    return mpi_status(ctx, MPI_Ireduce_scatter(lunar_tensor_data(in), lunar_tensor_data(out), counts,
+                                               mpi_reduce_type(in->dtype), mpi_op(rop), c->mpi, r),
+                      c, op, "MPI_Ireduce_scatter");
+}
+
+static lunar_status mpi_request_test(lunar_ctx *ctx, lunar_comm *c, const char *op, MPI_Request *r, int *done) {
+    return mpi_status(ctx, MPI_Test(r, done, MPI_STATUS_IGNORE), c, op, "MPI_Test");
+}
+
+static lunar_status mpi_request_wait(lunar_ctx *ctx, lunar_comm *c, const char *op, MPI_Request *r) {
+    return mpi_status(ctx, MPI_Wait(r, MPI_STATUS_IGNORE), c, op, "MPI_Wait");
+}
+
 static lunar_status mpi_barrier(lunar_ctx *ctx, lunar_comm *c) {
     return mpi_status(ctx, MPI_Barrier(c->mpi), c, "barrier", "MPI_Barrier");
 }
@@ -590,6 +620,11 @@ static void mpi_release(lunar_comm *c) {
 #define mpi_broadcast(ctx, c, op, ...)      NO_MPI(ctx, c, op)
 #define mpi_all_to_all(ctx, c, op, ...)     NO_MPI(ctx, c, op)
 #define mpi_barrier(ctx, c)                 NO_MPI(ctx, c, "barrier")
+#define mpi_iall_reduce(ctx, c, op, ...)    NO_MPI(ctx, c, op)
+#define mpi_ireduce_scatter(ctx, c, op, ...) NO_MPI(ctx, c, op)
+#define mpi_request_test(ctx, c, op, ...)   NO_MPI(ctx, c, op)
+#define mpi_request_wait(ctx, c, op, ...)   NO_MPI(ctx, c, op)
+#define divide(t, n)                        ((void)(t), (void)(n))
 #define mpi_split(ctx, out, parent, ...)    NO_MPI(ctx, parent, "split")
 #define mpi_release(c)                      ((void)(c))
 
@@ -755,6 +790,7 @@ static lunar_status nccl_for(lunar_ctx *ctx, lunar_comm *c, const lunar_tensor *
 #define lunar_nccl_all_reduce(ctx, ...) NO_CUDA(ctx)
 #define lunar_nccl_all_gather(ctx, ...) NO_CUDA(ctx)
 #define lunar_nccl_reduce_scatter(ctx, ...) NO_CUDA(ctx)
+#define lunar_nccl_reduce_scatter_v(ctx, ...) NO_CUDA(ctx)
 #define lunar_nccl_broadcast(ctx, ...) NO_CUDA(ctx)
 #define lunar_nccl_all_to_all(ctx, ...) NO_CUDA(ctx)
 #define lunar_nccl_send_recv(ctx, ...) NO_CUDA(ctx)
@@ -1044,4 +1080,184 @@ lunar_status lunar_comm_barrier(lunar_ctx *ctx, lunar_comm *c) {
     LUNAR_TRY(sig_check(ctx, c, "barrier", sig));
     if (c->size == 1 || !via_mpi(c)) return LUNAR_OK;
     return mpi_barrier(ctx, c);
+}
+
+/* ---- non-blocking collectives ---------------------------------------------------------------- */
+
+struct lunar_comm_request {
+    lunar_comm  *c;
+    const char  *op;           /* "all_reduce_start", "reduce_scatter_start" */
+    int          pending;      /* an MPI request is outstanding */
+#ifdef LUNAR_WITH_MPI
+    MPI_Request  mpi;
+#endif
+    int         *counts;       /* reduce_scatter: MPI's receive counts, alive until completion */
+    lunar_tensor keep_in, keep_out;   /* references that keep the buffers alive until the wait */
+    int          divide;       /* avg over MPI: divide keep_out by the group size at the end */
+};
+
+/* no staging for a request: the buffer is the caller's, so it must be contiguous and of a dtype
+ * MPI reduces directly (on CUDA, NCCL's dtypes) */
+static lunar_status check_async(lunar_ctx *ctx, const lunar_comm *c, const char *op, const char *role,
+                                const lunar_tensor *t) {
+    char a[256];
+    describe(t, a, sizeof a);
+    if (!lunar_tensor_is_contiguous(t))
+        return FAILC(ctx, LUNAR_ERR_ARG, c, op, "%s %s must be contiguous (a non-blocking collective works in place)",
+                     role, a);
+    if (!is_cuda(t) && reduce_dtype(t) != t->dtype)
+        return FAILC(ctx, LUNAR_ERR_DTYPE, c, op, "%s %s: MPI cannot reduce %s in place (use f32)", role, a,
+                     lunar_dtype_name(t->dtype));
+    return LUNAR_OK;
+}
+
+static lunar_status request_new(lunar_ctx *ctx, lunar_comm *c, const char *op, lunar_comm_request **out) {
+    lunar_comm_request *r = calloc(1, sizeof *r);
+    if (!r) return FAILC(ctx, LUNAR_ERR_OOM, c, op, "out of host memory");
+    r->c = c;
+    r->op = op;
+    *out = r;
+    return LUNAR_OK;
+}
+
+static void request_free(lunar_ctx *ctx, lunar_comm_request *r) {
+    lunar_tensor_release(ctx, &r->keep_in);
+    lunar_tensor_release(ctx, &r->keep_out);
+    free(r->counts);
+    free(r);
+}
+
+lunar_status lunar_comm_all_reduce_start(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *t, lunar_comm_op op,
+                                         lunar_comm_request **req) {
+    const char *name = "all_reduce_start";
+    *req = NULL;
+    LUNAR_TRY(check_tensor(ctx, c, name, "tensor", t));
+    LUNAR_TRY(check_writable(ctx, c, name, "tensor", t));
+    LUNAR_TRY(check_reduce(ctx, c, name, t, op));
+    LUNAR_TRY(check_async(ctx, c, name, "tensor", t));
+    int64_t sig[SIG_N];
+    sig_make(sig, K_ALL_REDUCE_START, t, 0, op);
+    LUNAR_TRY(sig_check(ctx, c, name, sig));
+    lunar_comm_request *r = NULL;
+    LUNAR_TRY(request_new(ctx, c, name, &r));
+    lunar_tensor_share(&r->keep_out, t);
+    lunar_status st = LUNAR_OK;
+    if (local_only(c, t)) {
+        /* nothing to do: the group's reduction of one tensor is the tensor */
+    } else if (is_cuda(t)) {
+        lunar_nccl *n;
+        st = nccl_for(ctx, c, t, name, &n);
+        if (st == LUNAR_OK) st = lunar_nccl_all_reduce(ctx, n, t, op);
+    } else {
+#ifdef LUNAR_WITH_MPI
+        st = mpi_iall_reduce(ctx, c, name, t, op, &r->mpi);
+        r->pending = st == LUNAR_OK;
+        r->divide = op == LUNAR_COMM_AVG;
+#else
+        st = mpi_iall_reduce(ctx, c, name, t, op, NULL);
+#endif
+    }
+    if (st != LUNAR_OK) {
+        request_free(ctx, r);
+        return st;
+    }
+    *req = r;
+    return LUNAR_OK;
+}
+
+lunar_status lunar_comm_reduce_scatter_start(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *out, const lunar_tensor *in,
+                                             const int64_t *counts, lunar_comm_op op, lunar_comm_request **req) {
+    const char *name = "reduce_scatter_start";
+    *req = NULL;
+    LUNAR_TRY(check_pair(ctx, c, name, out, in));
+    LUNAR_TRY(check_reduce(ctx, c, name, in, op));
+    LUNAR_TRY(check_async(ctx, c, name, "in", in));
+    LUNAR_TRY(check_async(ctx, c, name, "out", out));
+    char a[256], b[256];
+    describe(out, a, sizeof a);
+    describe(in, b, sizeof b);
+    if (in->ndim != 1) return FAILC(ctx, LUNAR_ERR_SHAPE, c, name, "in %s must be 1-D", b);
+    int64_t total = 0;
+    for (int j = 0; j < c->size; j++) {
+        if (counts[j] < 0)
+            return FAILC(ctx, LUNAR_ERR_ARG, c, name, "count %lld for rank %d is negative", (long long)counts[j], j);
+        total += counts[j];
+    }
+    if (total != in->shape[0])
+        return FAILC(ctx, LUNAR_ERR_SHAPE, c, name, "the counts add up to %lld elements but in %s has %lld",
+                     (long long)total, b, (long long)in->shape[0]);
+    if (out->shape[0] != counts[c->rank])
+        return FAILC(ctx, LUNAR_ERR_SHAPE, c, name, "out %s needs %lld elements (the count of rank %d)", a,
+                     (long long)counts[c->rank], c->rank);
+    if (in->storage == out->storage && lunar_tensor_numel(out) > 0) {
+        const char *pi = lunar_tensor_data(in), *po = lunar_tensor_data(out);
+        size_t el = lunar_dtype_size(in->dtype);
+        if (po < pi + (size_t)in->shape[0] * el && pi < po + (size_t)out->shape[0] * el)
+            return FAILC(ctx, LUNAR_ERR_ARG, c, name, "out %s overlaps in %s", a, b);
+    }
+    int64_t sig[SIG_N];
+    sig_make(sig, K_REDUCE_SCATTER_START, in, 0, op);
+    LUNAR_TRY(sig_check(ctx, c, name, sig));
+    lunar_comm_request *r = NULL;
+    LUNAR_TRY(request_new(ctx, c, name, &r));
+    lunar_tensor_share(&r->keep_in, in);
+    lunar_tensor_share(&r->keep_out, out);
+    lunar_status st = LUNAR_OK;
+    if (local_only(c, in)) {
+        st = lunar_copy(ctx, out, in);
+    } else if (is_cuda(in)) {
+        lunar_nccl *n;
+        st = nccl_for(ctx, c, in, name, &n);
+        if (st == LUNAR_OK) st = lunar_nccl_reduce_scatter_v(ctx, n, out, in, counts, c->size, c->rank, op);
+    } else {
+        r->counts = malloc((size_t)c->size * sizeof *r->counts);
+        if (!r->counts) st = FAILC(ctx, LUNAR_ERR_OOM, c, name, "out of host memory");
+        for (int j = 0; st == LUNAR_OK && j < c->size; j++) {
+            if (counts[j] > INT_MAX)
+                st = FAILC(ctx, LUNAR_ERR_UNSUPPORTED, c, name, "%lld elements for rank %d exceed MPI's int count",
+                           (long long)counts[j], j);
+            else
+                r->counts[j] = (int)counts[j];
+        }
+#ifdef LUNAR_WITH_MPI
+        if (st == LUNAR_OK) st = mpi_ireduce_scatter(ctx, c, name, out, in, r->counts, op, &r->mpi);
+        r->pending = st == LUNAR_OK;
+        r->divide = op == LUNAR_COMM_AVG;
+#else
+        if (st == LUNAR_OK) st = mpi_ireduce_scatter(ctx, c, name, out, in, r->counts, op, NULL);
+#endif
+    }
+    if (st != LUNAR_OK) {
+        request_free(ctx, r);
+        return st;
+    }
+    *req = r;
+    return LUNAR_OK;
+}
+
+lunar_status lunar_comm_test(lunar_ctx *ctx, lunar_comm_request *r, int *done) {
+    *done = 1;
+    if (!r || !r->pending) return LUNAR_OK;
+#ifdef LUNAR_WITH_MPI
+    LUNAR_TRY(mpi_request_test(ctx, r->c, r->op, &r->mpi, done));
+    if (*done) {
+        r->pending = 0;
+        if (r->divide) divide(&r->keep_out, r->c->size);
+        r->divide = 0;
+    }
+    return LUNAR_OK;
+#else
+    return mpi_request_test(ctx, r->c, r->op, NULL, done);
+#endif
+}
+
+lunar_status lunar_comm_wait(lunar_ctx *ctx, lunar_comm_request *r) {
+    if (!r) return LUNAR_OK;
+    lunar_status st = LUNAR_OK;
+#ifdef LUNAR_WITH_MPI
+    if (r->pending) st = mpi_request_wait(ctx, r->c, r->op, &r->mpi);
+#endif
+    if (st == LUNAR_OK && r->divide) divide(&r->keep_out, r->c->size);
+    request_free(ctx, r);
+    return st;
 }

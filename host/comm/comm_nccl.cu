@@ -124,6 +124,34 @@ extern "C" lunar_status lunar_nccl_reduce_scatter(lunar_ctx *ctx, lunar_nccl *n,
     return LUNAR_OK;
 }
 
+extern "C" lunar_status lunar_nccl_reduce_scatter_v(lunar_ctx *ctx, lunar_nccl *n, lunar_tensor *out,
+                                                    const lunar_tensor *in, const int64_t *counts, int size, int me,
+                                                    lunar_comm_op op) {
+    cudaStream_t stream;
+    ncclDataType_t type = ncclFloat32;
+    LUNAR_TRY(nccl_reduce_type(ctx, in->dtype, &type));
+    LUNAR_TRY(lunar_cuda_stream_for(ctx, in, &stream));
+    const char *src = (const char *)lunar_tensor_data(in);
+    size_t el = lunar_dtype_size(in->dtype);
+    // one reduction per member that receives a piece, rooted there; only the root's receive
+    // buffer is written, so the others pass their own input piece (never written)
+    LUNAR_NCCL_CHECK(ctx, n->comm, ncclGroupStart());
+    ncclResult_t r = ncclSuccess;
+    int64_t off = 0;
+    for (int j = 0; j < size && r == ncclSuccess; j++) {
+        if (counts[j] > 0) {
+            const void *piece = src + (size_t)off * el;
+            void *recv = j == me ? lunar_tensor_data(out) : (void *)piece;
+            r = ncclReduce(piece, recv, (size_t)counts[j], type, nccl_op(op), j, n->comm, stream);
+        }
+        off += counts[j];
+    }
+    ncclResult_t e = ncclGroupEnd();
+    LUNAR_NCCL_CHECK(ctx, n->comm, r);
+    LUNAR_NCCL_CHECK(ctx, n->comm, e);
+    return LUNAR_OK;
+}
+
 extern "C" lunar_status lunar_nccl_broadcast(lunar_ctx *ctx, lunar_nccl *n, lunar_tensor *t, int root) {
     cudaStream_t stream;
     LUNAR_TRY(lunar_cuda_stream_for(ctx, t, &stream));

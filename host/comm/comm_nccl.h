@@ -31,6 +31,10 @@ int          lunar_nccl_device(const lunar_nccl *n);
 lunar_status lunar_nccl_all_reduce(lunar_ctx *ctx, lunar_nccl *n, lunar_tensor *t, lunar_comm_op op);
 /* in (N, ...) -> out (size * N, ...) */
 lunar_status lunar_nccl_all_gather(lunar_ctx *ctx, lunar_nccl *n, lunar_tensor *out, const lunar_tensor *in);
+/* uneven reduce-scatter of 1-D in: member j gets elements [sum(counts[0..j)), +counts[j]) reduced
+ * into its out (counts[me] elements); one ncclReduce per member with a piece, in one NCCL group */
+lunar_status lunar_nccl_reduce_scatter_v(lunar_ctx *ctx, lunar_nccl *n, lunar_tensor *out, const lunar_tensor *in,
+                                         const int64_t *counts, int size, int me, lunar_comm_op op);
 /* in (size * N, ...) -> out (N, ...) */
 lunar_status lunar_nccl_reduce_scatter(lunar_ctx *ctx, lunar_nccl *n, lunar_tensor *out, const lunar_tensor *in,
                                        lunar_comm_op op);

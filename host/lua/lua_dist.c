@@ -6,6 +6,9 @@
  * core.dist.all_reduce(g, t, op) / all_gather(g, out, in) / reduce_scatter(g, out, in, op) /
  *   broadcast(g, t, root) / all_to_all(g, out, in, send_rows, recv_rows) / send(g, t, dst) /
  *   recv(g, t, src) / send_recv(g, recv, src, send, dst) / barrier(g)
+ * core.dist.all_reduce_start(g, t, op) / reduce_scatter_start(g, out, in, counts, op) -> request;
+ *   request:wait(), request:test() -> finished (a request not waited for is waited for when it
+ *   is collected, so MPI never writes into freed memory)
  * Ranks are 0-based; the friendly API is lua/lunar/dist.lua.
  */
 #include <stdlib.h>
@@ -16,6 +19,7 @@
 #include "lunar/comm.h"
 
 #define LUNAR_COMM_MT "lunar.Comm"
+#define LUNAR_REQUEST_MT "lunar.CommRequest"
 #define WORLD_KEY     "lunar.dist.world"
 
 typedef struct lunar_lua_comm { lunar_comm *c; } lunar_lua_comm;
@@ -202,19 +206,19 @@ static int l_broadcast(lua_State *L) {
 
 /* A Lua array of row counts, one per member, into scratch memory owned by a userdata (so a
  * later Lua error cannot leak it). */
-static int64_t *check_counts(lua_State *L, int idx, int n, const char *what, const lunar_comm *c) {
+static int64_t *check_counts(lua_State *L, int idx, int n, const char *what, const lunar_comm *c, const char *fname) {
     luaL_checktype(L, idx, LUA_TTABLE);
     int len = (int)lua_objlen(L, idx);
     if (len != n)
-        lunar_lua_error(L, "all_to_all: %s has %d entries, group '%s' has %d ranks", what, len, lunar_comm_name(c), n);
+        lunar_lua_error(L, "%s: %s has %d entries, group '%s' has %d ranks", fname, what, len, lunar_comm_name(c), n);
     int64_t *v = lua_newuserdata(L, (size_t)(n > 0 ? n : 1) * sizeof *v);
     for (int i = 0; i < n; i++) {
         lua_rawgeti(L, idx, i + 1);
         if (lua_type(L, -1) != LUA_TNUMBER)
-            lunar_lua_error(L, "all_to_all: %s[%d] is a %s, not a row count", what, i + 1, luaL_typename(L, -1));
+            lunar_lua_error(L, "%s: %s[%d] is a %s, not a count", fname, what, i + 1, luaL_typename(L, -1));
         double x = lua_tonumber(L, -1);
         if (!(x >= 0 && x < 9.0e15) || x != (double)(int64_t)x)
-            lunar_lua_error(L, "all_to_all: %s[%d] is %g, not a row count", what, i + 1, x);
+            lunar_lua_error(L, "%s: %s[%d] is %g, not a count", fname, what, i + 1, x);
         v[i] = (int64_t)x;
         lua_pop(L, 1);
     }
@@ -226,8 +230,8 @@ static int l_all_to_all(lua_State *L) {
     lunar_tensor *out = lunar_lua_check_tensor(L, 2);
     lunar_tensor *in = lunar_lua_check_tensor(L, 3);
     int n = lunar_comm_size(c);
-    int64_t *send = check_counts(L, 4, n, "send_splits", c);
-    int64_t *recv = check_counts(L, 5, n, "recv_splits", c);
+    int64_t *send = check_counts(L, 4, n, "send_splits", c, "all_to_all");
+    int64_t *recv = check_counts(L, 5, n, "recv_splits", c, "all_to_all");
     lunar_lua_check_status(L, lunar_comm_all_to_all(lunar_lua_ctx(L), c, out, in, send, recv));
     lua_settop(L, 2);
     return 1;
@@ -258,6 +262,63 @@ static int l_send_recv(lua_State *L) {
     int dst = (int)luaL_checkinteger(L, 5);
     lunar_lua_check_status(L, lunar_comm_send_recv(lunar_lua_ctx(L), c, recv, src, send, dst));
     lua_settop(L, 2);
+    return 1;
+}
+
+/* ---- non-blocking collectives ----------------------------------------------------------------- */
+
+typedef struct lunar_lua_request { lunar_comm_request *r; } lunar_lua_request;
+
+static lunar_comm_request **push_request_slot(lua_State *L) {
+    lunar_lua_request *u = lua_newuserdata(L, sizeof *u);
+    u->r = NULL;
+    luaL_getmetatable(L, LUNAR_REQUEST_MT);
+    lua_setmetatable(L, -2);
+    return &u->r;
+}
+
+static int l_request_gc(lua_State *L) {
+    lunar_lua_request *u = luaL_checkudata(L, 1, LUNAR_REQUEST_MT);
+    if (u->r) (void)lunar_comm_wait(lunar_lua_ctx(L), u->r);
+    u->r = NULL;
+    return 0;
+}
+
+/* request:wait(): finishes the operation (once; later calls do nothing) */
+static int l_request_wait(lua_State *L) {
+    lunar_lua_request *u = luaL_checkudata(L, 1, LUNAR_REQUEST_MT);
+    lunar_comm_request *r = u->r;
+    u->r = NULL;
+    lunar_lua_check_status(L, lunar_comm_wait(lunar_lua_ctx(L), r));
+    return 0;
+}
+
+/* request:test() -> true once the operation has finished (drives MPI's progress) */
+static int l_request_test(lua_State *L) {
+    lunar_lua_request *u = luaL_checkudata(L, 1, LUNAR_REQUEST_MT);
+    int done = 1;
+    if (u->r) lunar_lua_check_status(L, lunar_comm_test(lunar_lua_ctx(L), u->r, &done));
+    lua_pushboolean(L, done);
+    return 1;
+}
+
+static int l_all_reduce_start(lua_State *L) {
+    lunar_comm *c = check_comm(L, 1);
+    lunar_tensor *t = lunar_lua_check_tensor(L, 2);
+    lunar_comm_op op = check_op(L, 3, "all_reduce_start");
+    lunar_comm_request **slot = push_request_slot(L);
+    lunar_lua_check_status(L, lunar_comm_all_reduce_start(lunar_lua_ctx(L), c, t, op, slot));
+    return 1;
+}
+
+static int l_reduce_scatter_start(lua_State *L) {
+    lunar_comm *c = check_comm(L, 1);
+    lunar_tensor *out = lunar_lua_check_tensor(L, 2);
+    lunar_tensor *in = lunar_lua_check_tensor(L, 3);
+    int64_t *counts = check_counts(L, 4, lunar_comm_size(c), "counts", c, "reduce_scatter_start");
+    lunar_comm_op op = check_op(L, 5, "reduce_scatter_start");
+    lunar_comm_request **slot = push_request_slot(L);
+    lunar_lua_check_status(L, lunar_comm_reduce_scatter_start(lunar_lua_ctx(L), c, out, in, counts, op, slot));
     return 1;
 }
 
@@ -294,9 +355,18 @@ void lunar_lua_open_dist(lua_State *L) {
         {"all_reduce", l_all_reduce}, {"all_gather", l_all_gather}, {"reduce_scatter", l_reduce_scatter},
         {"broadcast", l_broadcast}, {"all_to_all", l_all_to_all}, {"send", l_send}, {"recv", l_recv},
         {"send_recv", l_send_recv}, {"barrier", l_barrier}, {"finalize", l_finalize}, {"abort", l_abort},
-        {"mpi_active", l_mpi_active}, {NULL, NULL},
+        {"mpi_active", l_mpi_active}, {"all_reduce_start", l_all_reduce_start},
+        {"reduce_scatter_start", l_reduce_scatter_start}, {NULL, NULL},
     };
+    static const luaL_Reg request_methods[] = {{"wait", l_request_wait}, {"test", l_request_test}, {NULL, NULL}};
     /* core table is on top */
+    luaL_newmetatable(L, LUNAR_REQUEST_MT);
+    lua_pushcfunction(L, l_request_gc);
+    lua_setfield(L, -2, "__gc");
+    lua_newtable(L);
+    lunar_lua_setfuncs(L, request_methods);
+    lua_setfield(L, -2, "__index");
+    lua_pop(L, 1);
     luaL_newmetatable(L, LUNAR_COMM_MT);
     lua_pushcfunction(L, l_comm_gc);
     lua_setfield(L, -2, "__gc");

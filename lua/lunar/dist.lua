@@ -20,6 +20,8 @@
 --   all_to_all(t, send_splits, recv_splits, {group=, out=})       -> (sum(recv_splits), ...)
 --   send(t, dst, {group=}); recv(t, src, {group=}) -> t;  send_recv(t, dst, into, src, {group=}) -> into
 --   barrier({group=})
+--   all_reduce_start(t, {op=, group=}) -> request   (non-blocking, in place; request:wait())
+--   reduce_scatter_start(t, counts, {op=, group=, out=}) -> request, out   (uneven pieces of 1-D t)
 --   group:rank(), group:size(), group:ranks() (world ranks), group:name()
 local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
@@ -195,6 +197,34 @@ function M.barrier(opts)
     C.barrier(group_of(opts, 'barrier'))
 end
 
+-- ---- non-blocking collectives --------------------------------------------------------------
+--
+-- They start and return a request at once; request:wait() finishes it (request:test() says
+-- whether it has, and lets MPI move data). The tensors are used in place: contiguous, f32/f64 or
+-- an integer dtype on CPU, and left alone until the wait. Every member starts the same
+-- operations in the same order (they do not match blocking ones). See host/include/lunar/comm.h.
+
+function M.all_reduce_start(t, opts)
+    opts = opts_of(opts, 'all_reduce_start')
+    check_tensor(t, 'all_reduce_start')
+    return C.all_reduce_start(group_of(opts, 'all_reduce_start'), t, opts.op or 'sum')
+end
+
+-- t: 1-D, sum(counts) elements; member j receives elements [sum(counts[1..j]), +counts[j+1]) reduced
+-- (counts in member order, one per member, zeros allowed); returns the request and out (counts[me+1])
+function M.reduce_scatter_start(t, counts, opts)
+    opts = opts_of(opts, 'reduce_scatter_start')
+    check_tensor(t, 'reduce_scatter_start')
+    local g = group_of(opts, 'reduce_scatter_start')
+    sum_of(counts, 'reduce_scatter_start', 'counts')
+    local mine = counts[g:rank() + 1]
+    if mine == nil then
+        fail(('reduce_scatter_start: counts has %d entries, group \'%s\' has %d ranks'):format(#counts, g:name(), g:size()))
+    end
+    local out = opts.out or core.empty({mine}, t:dtype(), t:device())
+    return C.reduce_scatter_start(g, out, t, counts, opts.op or 'sum'), out
+end
+
 -- ---- process groups from a parallel layout ------------------------------------------------
 --
 -- Rank order (Megatron's default): tp fastest, then cp, then dp, then pp:
@@ -365,5 +395,7 @@ function group_methods.send(g, t, dst) return M.send(t, dst, {group = g}) end
 function group_methods.recv(g, t, src) return M.recv(t, src, {group = g}) end
 function group_methods.send_recv(g, t, dst, into, src) return M.send_recv(t, dst, into, src, {group = g}) end
 function group_methods.barrier(g) return M.barrier({group = g}) end
+function group_methods.all_reduce_start(g, t, opts) return M.all_reduce_start(t, with_group(g, opts)) end
+function group_methods.reduce_scatter_start(g, t, counts, opts) return M.reduce_scatter_start(t, counts, with_group(g, opts)) end
 
 return M

@@ -2,7 +2,8 @@
 -- one-rank NCCL communicator is made explicitly (group:nccl_init(), from a local id, without
 -- MPI) sends its CUDA collectives through NCCL, and every result must equal the CPU result of
 -- the same collective (on one rank: a copy) bit for bit: all_reduce (sum, avg, max, min),
--- all_gather, reduce_scatter, broadcast and all_to_all, on several dtypes, shapes and strided
+-- all_gather, reduce_scatter, broadcast and all_to_all, the non-blocking all_reduce_start and
+-- reduce_scatter_start, on several dtypes, shapes and strided
 -- views; plus the errors (devices, expanded outputs). Skipped (exit 77) without a CUDA device,
 -- in a lunar built without NCCL, or when started by a launcher with several ranks.
 -- LUNAR_GPU_DRY_RUN=1 runs the comparisons with the CPU standing in for the GPU (no NCCL then).
@@ -127,6 +128,32 @@ T:test('broadcast and all_to_all', function()
         end
     end
     same(d.all_to_all(lunar.zeros(0, 3, {device = GPU}), {0}, {0}, {group = g}), lunar.zeros(0, 3), 'all_to_all of nothing')
+end)
+
+T:test('non-blocking all_reduce_start and reduce_scatter_start (uneven counts) equal the CPU result', function()
+    -- (bf16 in place is NCCL's; on the CPU MPI reduces it only through a staging copy, refused here)
+    for _, dt in ipairs(DRY and {'f32', 'f64', 'i64'} or {'f32', 'f64', 'bf16', 'i64'}) do
+        for _, op in ipairs({'sum', 'avg', 'max'}) do
+            if not (op == 'avg' and dt == 'i64') then
+                local x = sample(17, 3, dt)
+                local want = x:clone()
+                d.all_reduce(want, {op = op})   -- the one-rank world: the tensor itself
+                local t = x:to(GPU)
+                local req = d.all_reduce_start(t, {op = op, group = g})
+                req:wait()
+                same(t, want, ('all_reduce_start %s %s'):format(dt, op))
+                local flat = x:contiguous():view(51)
+                local r2, out = d.reduce_scatter_start(flat:to(GPU), {51}, {op = op, group = g})
+                r2:wait()
+                same(out, flat, ('reduce_scatter_start %s %s'):format(dt, op))
+            end
+        end
+    end
+    -- an empty piece, and a request that is tested before its wait
+    local r3, empty = d.reduce_scatter_start(lunar.zeros(0):to(GPU), {0}, {group = g})
+    assert(r3:test() ~= nil)
+    r3:wait()
+    T.equal(empty:numel(), 0, 'an empty piece')
 end)
 
 T:test('errors: devices, expanded outputs, counts, roots', function()

@@ -1,5 +1,5 @@
 -- np: 2
--- The collectives and layouts on 2 ranks (the smallest real world).
+-- The collectives and layouts on 2 ranks (the smallest real world), blocking and non-blocking.
 local lunar = require 'lunar'
 local common = dofile('tests/mpi/common.lua')
 local d = lunar.dist
@@ -63,6 +63,39 @@ T:test('layouts tp=2, pp=2, ep=2 on 2 ranks', function()
     T.equal(ep:group('dp'):ranks(), {0, 1}, 'dp members')
     T.equal(ep:group('edp'):ranks(), {R}, 'edp alone')
     T.raises(function() d.layout{ep = 4} end, 'ep=4 must divide tp*cp*dp = 1*1*2 = 2')
+end)
+
+T:test('non-blocking all_reduce_start and reduce_scatter_start with uneven and empty pieces', function()
+    local t = lunar.tensor({1, 2, 3, 4, 5}, 'f32'):add(R)
+    local req = d.all_reduce_start(t)
+    req:wait()
+    T.equal(values(t), {3, 5, 7, 9, 11}, 'sum')
+    req:wait()   -- a second wait does nothing
+    local x = lunar.tensor({1, 2, 3, 4, 5}, 'f32'):mul(R + 1)
+    local r1, out = d.reduce_scatter_start(x, {3, 2})
+    while not r1:test() do end
+    r1:wait()
+    T.equal(values(out), R == 0 and {3, 6, 9} or {12, 15}, 'uneven pieces')
+    local r2, out2 = d.reduce_scatter_start(x, {5, 0}, {op = 'avg'})
+    r2:wait()
+    T.equal(out2:numel(), R == 0 and 5 or 0, 'an empty piece')
+    if R == 0 then T.equal(values(out2), {1.5, 3, 4.5, 6, 7.5}, 'avg') end
+    -- several in flight, finished in another order than started
+    local a, b = lunar.tensor({R}, 'f64'), lunar.tensor({10 * R}, 'i64')
+    local ra, rb = d.all_reduce_start(a), d.all_reduce_start(b, {op = 'max'})
+    rb:wait()
+    ra:wait()
+    T.equal(values(a), {1}, 'f64 in flight')
+    T.equal(values(b), {10}, 'i64 max in flight')
+    T.raises(function() d.all_reduce_start(lunar.tensor({1, 2}, 'bf16')) end, 'MPI cannot reduce bf16 in place')
+    T.raises(function() d.all_reduce_start(lunar.zeros(4, 3):t()) end, 'must be contiguous')
+    T.raises(function() d.reduce_scatter_start(x, {3, 3}) end, 'the counts add up to 6 elements')
+    T.raises(function() d.reduce_scatter_start(x, {5}) end, 'counts has 1 entries')
+    -- a non-blocking call does not match a blocking one: both ranks fail, naming both
+    T.raises(function()
+        local y = lunar.zeros(4)
+        if R == 0 then d.all_reduce(y) else d.all_reduce_start(y):wait() end
+    end, 'members disagree')
 end)
 
 os.exit(T:run())

@@ -4,7 +4,10 @@
 #   * SIGTERM, or a first Ctrl-C (SIGINT), finishes the step, writes a checkpoint of it and exits
 #     non-zero saying so; the same command resumes from that step; a second SIGINT ends the
 #     process at once;
-#   * under mpirun with 2 ranks, every rank refuses before any work (no file is written);
+#   * under mpirun with 2 ranks the recipe trains data parallel (one progress line a step, an
+#     optimizer shard per rank); killed with SIGKILL after a checkpoint, the same command resumes
+#     with bit-identical losses; a layout that does not fit the ranks, or tp > 1, refuses on every
+#     rank before any work, naming the numbers;
 #   * --help lists every setting with its meaning; --dry-run prints the plan and writes nothing;
 #   * quiet=true keeps the end-of-run summary; checkpoint saves are logged;
 #   * a user error is one line, with the stack only under --traceback;
@@ -90,20 +93,77 @@ two_sigints() { # dir: 0 when the second SIGINT ended the run (status 130)
 two_sigints "$TMP/int" || two_sigints "$TMP/int2" || fail "a second SIGINT did not end the run, twice"
 echo "ok    a second SIGINT ends the process at once"
 
-# ---- under mpirun, every rank refuses before any work -----------------------------------------
+# ---- under mpirun: data parallel; a layout that does not fit refuses on every rank ------------
 case ",${LUNAR_BUILT_WITHOUT:-}," in
 *,mpi,*) echo "skip  mpirun (built without MPI)" ;;
 *)
     if command -v mpirun >/dev/null 2>&1; then
-        mkdir -p "$TMP/mpi"
-        timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 -x LUNAR_THREADS=1 -x OMP_NUM_THREADS=1 \
-            "$LUNAR" "$REPO/recipes/sft.lua" $SMALL checkpoint.dir="$TMP/mpi/ckpt" metrics.dir="$TMP/mpi/m" \
-            output.dir="$TMP/mpi/final" >"$TMP/mpi.out" 2>&1
-        rc=$?
-        [ $rc != 0 ] || fail "mpirun -np 2: exit status 0"
-        expect "$TMP/mpi.out" "started as 2 ranks, but multi-rank training is not implemented" "mpirun refusal"
-        [ -z "$(ls "$TMP/mpi")" ] || fail "mpirun -np 2: files were written: $(ls -R "$TMP/mpi")"
-        echo "ok    mpirun -np 2 refuses on every rank (rc $rc), nothing written"
+        MPIRUN="mpirun --allow-run-as-root --oversubscribe -x LUNAR_THREADS=1 -x OMP_NUM_THREADS=1"
+        mpi_run() { # np dir args...: the SFT recipe on np ranks writing under dir; status in rc
+            np=$1 d=$2
+            shift 2
+            timeout 300 $MPIRUN -np "$np" "$LUNAR" "$REPO/recipes/sft.lua" $SMALL checkpoint.dir="$d/ckpt" \
+                metrics.dir="$d/m" output.dir="$d/final" metrics.tensorboard=false metrics.progress=lines train.log_every=1 "$@" \
+                >"$d.out" 2>&1 </dev/null
+            rc=$?
+        }
+        losses() { sed -n 's/.*"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/p' "$1/m/metrics.jsonl"; }
+
+        # 2 ranks train data parallel: rank 0 alone prints and writes, every rank its optimizer shard
+        mkdir -p "$TMP/dp"
+        mpi_run 2 "$TMP/dp" train.steps=4 checkpoint.every=2
+        [ $rc = 0 ] || { cat "$TMP/dp.out"; fail "mpirun -np 2: exit status $rc"; }
+        expect "$TMP/dp.out" "data parallel: 2 ranks" "the layout"
+        expect "$TMP/dp.out" "rank 1: parameters" "rank 1's bytes"
+        n=$(grep -c "^step [0-9]*/4" "$TMP/dp.out")
+        [ "$n" = 4 ] || { cat "$TMP/dp.out"; fail "mpirun -np 2: $n progress lines for 4 steps"; }
+        [ "$(losses "$TMP/dp" | wc -l)" = 4 ] || fail "mpirun -np 2: metrics.jsonl does not have 4 steps"
+        for r in 00000 00001; do
+            [ -f "$TMP/dp/ckpt/step_000004/optimizer_shards/rank_$r.safetensors" ] || fail "no optimizer shard $r"
+        done
+        [ -f "$TMP/dp/final/config.json" ] || fail "mpirun -np 2: no final model"
+        echo "ok    mpirun -np 2 trains data parallel (one progress line a step, a shard per rank)"
+
+        # SIGKILL of the whole job after a checkpoint, then the same command: bit-identical losses
+        mkdir -p "$TMP/dpk"
+        setsid $MPIRUN -np 2 "$LUNAR" "$REPO/recipes/sft.lua" $SMALL checkpoint.dir="$TMP/dpk/ckpt" \
+            metrics.dir="$TMP/dpk/m" output.dir="$TMP/dpk/final" metrics.tensorboard=false train.log_every=1 \
+            train.steps=8 checkpoint.every=2 quiet=true >"$TMP/dpk.out" 2>&1 </dev/null &
+        pid=$!
+        i=0
+        until [ -f "$TMP/dpk/ckpt/step_000004/COMPLETE.json" ]; do
+            kill -0 $pid 2>/dev/null || { cat "$TMP/dpk.out"; fail "the run ended before its checkpoint of step 4"; }
+            i=$((i + 1)); [ $i -lt 3000 ] || { kill -KILL -$pid; fail "no checkpoint of step 4"; }
+            sleep 0.05
+        done
+        kill -KILL -$pid   # mpirun and both ranks (their own process group)
+        wait $pid 2>/dev/null
+        [ ! -e "$TMP/dpk/ckpt/step_000008" ] || fail "the run finished before SIGKILL"
+        mpi_run 2 "$TMP/dpk" train.steps=8 checkpoint.every=2
+        [ $rc = 0 ] || { cat "$TMP/dpk.out"; fail "the resumed run failed"; }
+        expect "$TMP/dpk.out" "resumed from" "resumed after SIGKILL"
+        resumed=$(sed -n 's/.*resumed from .*(step \([0-9]*\)).*/\1/p' "$TMP/dpk.out" | head -n 1)
+        [ -n "$resumed" ] && [ "$resumed" -ge 4 ] && [ "$resumed" -lt 8 ] || fail "resumed from step '$resumed'"
+        mkdir -p "$TMP/dpw"
+        mpi_run 2 "$TMP/dpw" train.steps=8 checkpoint.every=2
+        [ $rc = 0 ] || { cat "$TMP/dpw.out"; fail "the uninterrupted run failed"; }
+        losses "$TMP/dpw" >"$TMP/dpw.losses"
+        losses "$TMP/dpk" >"$TMP/dpk.losses"
+        [ "$(wc -l <"$TMP/dpw.losses")" = 8 ] || fail "the uninterrupted run logged $(wc -l <"$TMP/dpw.losses") steps"
+        cmp -s "$TMP/dpw.losses" "$TMP/dpk.losses" || { paste "$TMP/dpw.losses" "$TMP/dpk.losses"; \
+            fail "killed and resumed at dp=2: the losses differ from the uninterrupted run"; }
+        echo "ok    SIGKILL of the job at dp=2, resumed from step $resumed: bit-identical losses"
+
+        # a layout the world does not fit, and a degree not implemented yet: every rank refuses
+        # before any work, naming the numbers
+        mpi_run 3 "$TMP/bada" parallel.tp=2
+        [ $rc != 0 ] || fail "mpirun -np 3 parallel.tp=2: exit status 0"
+        expect "$TMP/bada.out" "world size 3 is not divisible by tp*pp*cp = 2*1*1 = 2" "the layout's numbers"
+        mpi_run 4 "$TMP/badb" parallel.tp=2
+        [ $rc != 0 ] || fail "mpirun -np 4 parallel.tp=2: exit status 0"
+        expect "$TMP/badb.out" "parallel.tp=2: this parallel degree is not implemented" "tp refusal"
+        [ ! -e "$TMP/bada" ] && [ ! -e "$TMP/badb" ] || fail "a refused layout wrote files: $(ls -R "$TMP"/bad?)"
+        echo "ok    mpirun -np 3 with tp=2 and -np 4 with tp=2 refuse (rc $rc), nothing written"
     else
         echo "skip  mpirun (not installed)"
     fi

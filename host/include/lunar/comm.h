@@ -26,8 +26,9 @@
  * floating dtypes only; bool takes max/min only. Data movement (gather, broadcast, all-to-all,
  * send/recv) takes every dtype.
  *
- * CPU transfers are blocking. CUDA transfers are ordered on the tensor's stream: the call returns
- * once the work is queued. Pair blocking sends and receives so they cannot wait on each other
+ * CPU transfers are blocking, except the non-blocking *_start collectives (a request finished by
+ * lunar_comm_wait). CUDA transfers are ordered on the tensor's stream: the call returns once the
+ * work is queued. Pair blocking sends and receives so they cannot wait on each other
  * (for a ring, use lunar_comm_send_recv).
  *
  * Ranks and coordinates are 0-based; dim 0 is the first dimension.
@@ -123,6 +124,44 @@ lunar_status lunar_comm_recv(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *t, int
 lunar_status lunar_comm_send_recv(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *recv, int src,
                                   const lunar_tensor *send, int dst);
 lunar_status lunar_comm_barrier(lunar_ctx *ctx, lunar_comm *c);
+
+/* ---- non-blocking collectives ---------------------------------------------------------------
+ *
+ * A start call checks the tensors (and, with checks on, compares its signature across the group
+ * in one small blocking all-reduce, as the blocking collectives do), starts the operation and
+ * returns at once with a request; lunar_comm_wait finishes it. Data-parallel training starts the
+ * reduction of a bucket of gradients this way as soon as backward has completed the bucket, and
+ * waits for all of them before the optimizer step.
+ *
+ * The tensors are used in place, without staging: they must be contiguous, of a dtype MPI
+ * reduces directly on CPU (f32, f64, i8, i32, i64, u8), and neither read, written nor freed
+ * until the wait. Non-blocking and blocking collectives do not match each other: every member
+ * starts the same operations in the same order. On CUDA the operation is queued on the tensor's
+ * stream through NCCL (which is non-blocking by nature) and the wait has nothing left to do: what
+ * runs later on that stream sees the result.
+ *
+ * Every request must be waited for exactly once (also after an error elsewhere: an abandoned
+ * request leaves MPI writing into the tensor). lunar_comm_test drives MPI's progress (MPI
+ * implementations without a progress thread move data only inside MPI calls), so calling it
+ * between pieces of computation lets a reduction advance while backward continues. */
+
+typedef struct lunar_comm_request lunar_comm_request;
+
+/* Starts t = op over the group of t, in place. (any shape, contiguous) */
+lunar_status lunar_comm_all_reduce_start(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *t, lunar_comm_op op,
+                                         lunar_comm_request **req);
+/* Starts a reduce-scatter with uneven pieces: in is a 1-D tensor of sum(counts) elements;
+ * member j receives the reduction of elements [sum(counts[0..j)), +counts[j]) into its out, a
+ * 1-D tensor of counts[j] elements. Counts may be zero (out then has 0 elements); every member
+ * passes the same counts (size entries). in and out must not overlap.
+ *   in (sum(counts))   out (counts[me])      op: sum or avg (max/min too) */
+lunar_status lunar_comm_reduce_scatter_start(lunar_ctx *ctx, lunar_comm *c, lunar_tensor *out, const lunar_tensor *in,
+                                             const int64_t *counts, lunar_comm_op op, lunar_comm_request **req);
+/* Sets *done to 1 when the request has finished (then the wait returns at once), else 0. */
+lunar_status lunar_comm_test(lunar_ctx *ctx, lunar_comm_request *req, int *done);
+/* Waits for the request, finishes it (avg divides here) and frees it, on success and on error.
+ * NULL is a no-op. */
+lunar_status lunar_comm_wait(lunar_ctx *ctx, lunar_comm_request *req);
 
 /* ---- process level -------------------------------------------------------------------------- */
 

@@ -256,6 +256,19 @@ end
 
 function AdamW:zero_grad() self.store:zero_grad() end
 
+local STATE_BYTES = {f32 = 4, f64 = 8, bf16 = 2, f16 = 2}
+
+-- bytes of the optimizer state, counted from its tensors (moments and master copies)
+function AdamW:state_bytes()
+    local n = 0
+    for _, st in pairs(self.state) do
+        for _, k in ipairs({'exp_avg', 'exp_avg_sq', 'master'}) do
+            if st[k] then n = n + st[k]:numel() * (STATE_BYTES[st[k]:dtype()] or 4) end
+        end
+    end
+    return n
+end
+
 -- ---- checkpoints --------------------------------------------------------------------------------
 
 local kinds = {'exp_avg', 'exp_avg_sq', 'master'}

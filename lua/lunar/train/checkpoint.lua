@@ -26,6 +26,14 @@
 -- those up to checksum_max_bytes. Everything is written into <dir>/.tmp.step_000100.<pid>/,
 -- each file and directory fsynced, then the directory is renamed into place and <dir> fsynced.
 --
+-- Data parallel (save with opts.group, the data-parallel group, and opts.shard, this rank's
+-- optimizer tensors): every rank calls save; rank 0 of the group names and makes the temporary
+-- directory (its pid), each rank writes optimizer_shards/rank_NNNNN.safetensors into it and
+-- fsyncs it, and after a barrier rank 0 writes everything else (the replicated weights, the
+-- parts, trainer_state.json listing the shard files) and the marker over all files, and renames
+-- the directory into place; a last barrier lets no rank go on before the checkpoint exists.
+-- load_shard(loaded, rank) reads a rank's file back.
+--
 -- resume('auto') takes the newest step_* directory whose marker, sizes, checksums and files
 -- check out; others (no marker, a truncated or corrupt file) are reported on stderr and skipped,
 -- and temporary directories are ignored (removed when the process that wrote them is gone).
@@ -193,8 +201,36 @@ local function clean_temps(root, own)
     end
 end
 
--- save(root, step, state, {checksum_max_bytes = 256 MiB}) -> the checkpoint's directory, {bytes =
--- the size of its files}.
+M.SHARD_DIR = 'optimizer_shards'
+function M.shard_name(rank) return ('%s/rank_%05d.safetensors'):format(M.SHARD_DIR, rank) end
+
+-- every rank of `group` writes its shard into tmp (made by rank 0, whose pid names it)
+local function write_shards(root, name, group, shard)
+    local dist = require 'lunar.dist'
+    local rank = group:rank()
+    local pid = dist.broadcast(core.from_flat({fs.getpid()}, {1}, 'i64', 'cpu'), {group = group, root = 0}):item()
+    local tmp = join(root, ('.tmp.%s.%d'):format(name, pid))
+    if rank == 0 then
+        fs.mkdir_p(root)
+        fs.remove_tree(tmp)
+        assert(fs.mkdir(tmp))
+        if shard then assert(fs.mkdir(join(tmp, M.SHARD_DIR))) end
+    end
+    dist.barrier({group = group})
+    if shard then
+        local path = join(tmp, M.shard_name(rank))
+        lio.save_safetensors(path, shard, {metadata = {format = M.FORMAT, part = 'optimizer', rank = tostring(rank),
+            ranks = tostring(group:size())}})
+        fs.fsync(path)
+        test_pause()
+    end
+    dist.barrier({group = group})
+    return tmp
+end
+
+-- save(root, step, state, {checksum_max_bytes = 256 MiB, group =, shard =}) -> the checkpoint's
+-- directory, {bytes = the size of its files}. With group (several ranks), every rank calls it
+-- (see the header); ranks other than 0 return the directory and {bytes = 0}.
 function M.save(root, step, state, opts)
     opts = opts or {}
     if type(root) ~= 'string' then fail('checkpoint.save: expected a directory, got ' .. type(root)) end
@@ -203,15 +239,29 @@ function M.save(root, step, state, opts)
     end
     check_state(state)
     local max_crc = opts.checksum_max_bytes or 256 * 2 ^ 20
-    fs.mkdir_p(root)
     local name = M.step_name(step)
     local final = join(root, name)
-    local tmp = join(root, ('.tmp.%s.%d'):format(name, fs.getpid()))
-    fs.remove_tree(tmp)
-    assert(fs.mkdir(tmp))
+    local group = opts.group and opts.group:size() > 1 and opts.group or nil
+    local tmp
+    if group then
+        tmp = write_shards(root, name, group, opts.shard)
+        if group:rank() ~= 0 then
+            require('lunar.dist').barrier({group = group})
+            return final, {bytes = 0}
+        end
+    else
+        fs.mkdir_p(root)
+        tmp = join(root, ('.tmp.%s.%d'):format(name, fs.getpid()))
+        fs.remove_tree(tmp)
+        assert(fs.mkdir(tmp))
+    end
     local bytes = 0
     local ok, err = pcall(function()
         local doc = {format = M.FORMAT, version = M.VERSION, step = step, parts = {}, rng = {}}
+        if group and opts.shard then
+            doc.shards = {}
+            for r = 0, group:size() - 1 do doc.shards[r + 1] = M.shard_name(r) end
+        end
         if state.save_model then
             local mdir = join(tmp, 'model')
             assert(fs.mkdir(mdir))
@@ -266,6 +316,7 @@ function M.save(root, step, state, opts)
         pcall(fs.remove_tree, tmp)
         error(err, 0)
     end
+    if group then require('lunar.dist').barrier({group = group}) end
     return final, {bytes = bytes}
 end
 
@@ -339,7 +390,7 @@ end
 local function try_load(dir, opts)
     local marker, doc = M.check(dir, opts)
     if not marker then return nil, doc end
-    local out = {step = doc.step, dir = dir, rng = {}, time = marker.time}
+    local out = {step = doc.step, dir = dir, rng = {}, time = marker.time, shards = doc.shards}
     if doc.model then out.model_dir = join(dir, doc.model) end
     local opened = {}
     local ok, err = pcall(function()
@@ -402,6 +453,28 @@ function M.latest(root, opts)
     return nil, skipped
 end
 
+-- load_shard(loaded, rank) -> the tensors of rank's optimizer shard (CPU copies), by name. Fails
+-- naming the checkpoint when it has no shard for that rank (another number of ranks wrote it).
+function M.load_shard(loaded, rank)
+    local list = loaded.shards
+    if type(list) ~= 'table' then
+        fail(('checkpoint %s holds no optimizer shards (it was written by one rank, or without the distributed '
+            .. 'optimizer)'):format(loaded.dir))
+    end
+    if not list[rank + 1] then
+        fail(('checkpoint %s was written by %d ranks and has no optimizer shard for rank %d'):format(loaded.dir,
+            #list, rank))
+    end
+    local f = lio.safetensors_open(join(loaded.dir, list[rank + 1]))
+    local out = {}
+    local ok, err = pcall(function()
+        for _, key in ipairs(f:keys()) do out[key] = f:tensor(key):clone() end
+    end)
+    f:close()
+    if not ok then error(err, 0) end
+    return out
+end
+
 -- ---- restoring ----------------------------------------------------------------------------------
 
 local function has_tensor(x)
@@ -457,14 +530,16 @@ local Manager = {}
 Manager.__index = Manager
 
 -- manager{dir=, every = 0 (0: only at the end), keep_last = 3 (0 keeps all), at_end = true,
---         checksum_max_bytes = 256 MiB, checksums = true (verify them on resume), quiet = false}
+--         checksum_max_bytes = 256 MiB, checksums = true (verify them on resume), quiet = false,
+--         group = the data-parallel group (several ranks: see save)}
 function M.manager(o)
     if type(o) ~= 'table' or type(o.dir) ~= 'string' then fail('checkpoint.manager: expected {dir = <directory>, ...}') end
     local every, keep = o.every or 0, o.keep_last or 3
     if type(every) ~= 'number' or every < 0 or every ~= math.floor(every) then fail('checkpoint.manager: every must be a non-negative integer') end
     if type(keep) ~= 'number' or keep < 0 or keep ~= math.floor(keep) then fail('checkpoint.manager: keep_last must be a non-negative integer') end
     return setmetatable({dir = o.dir, every = every, keep_last = keep, at_end = o.at_end ~= false,
-        checksum_max_bytes = o.checksum_max_bytes, checksums = o.checksums, quiet = o.quiet}, Manager)
+        checksum_max_bytes = o.checksum_max_bytes, checksums = o.checksums, quiet = o.quiet,
+        group = o.group, writer = o.group == nil or o.group:rank() == 0}, Manager)
 end
 
 -- due(step, is_last): a checkpoint belongs here (every N steps, and at the end)
@@ -504,11 +579,14 @@ function Manager:prune(saved_step)
     return removed
 end
 
--- save(step, state) -> the checkpoint's directory, {bytes =}; older ones are pruned
-function Manager:save(step, state)
-    clean_temps(self.dir, true)
-    local dir, info = M.save(self.dir, step, state, {checksum_max_bytes = self.checksum_max_bytes})
-    self:prune(step)
+-- save(step, state[, shard]) -> the checkpoint's directory, {bytes =}; older ones are pruned.
+-- A manager made with group (data parallel): every rank calls it with its optimizer shard; rank 0
+-- of the group alone cleans up and prunes.
+function Manager:save(step, state, shard)
+    if self.writer then clean_temps(self.dir, true) end
+    local dir, info = M.save(self.dir, step, state, {checksum_max_bytes = self.checksum_max_bytes, group = self.group,
+                                                     shard = shard})
+    if self.writer then self:prune(step) end
     self.last_saved = step
     return dir, info
 end
@@ -517,7 +595,7 @@ end
 -- 'auto' falls back over unsound checkpoints; a named directory must be sound.
 function Manager:resume(mode)
     if mode == nil or mode == false or mode == 'none' then return nil end
-    if fs.stat(self.dir) then clean_temps(self.dir, false) end
+    if self.writer and fs.stat(self.dir) then clean_temps(self.dir, false) end
     local opts = {checksums = self.checksums, quiet = self.quiet}
     if mode == 'auto' then return M.latest(self.dir, opts) end
     if type(mode) ~= 'string' then fail("checkpoint.resume: expected 'auto', 'none' or a directory, got " .. type(mode)) end

@@ -19,11 +19,11 @@ local M = {}
 -- top-level settings and sections that a snapshot leaves out
 local IGNORED = {name = true, preset = true, plan = true, quiet = true, threads = true, stop_after = true,
     expect_loss_fall = true, notes = true, kind = true, metrics = true, output = true, checkpoint = true,
-    hardware = true}
+    hardware = true, silent = true, single_rank = true}
 -- model settings that do not change what is computed
 local IGNORED_KEYS = {['model.device'] = true, ['model.hf_id'] = true, ['model.strict'] = true,
     ['data.max_rejected'] = true, ['data.valid'] = true, ['train.log_every'] = true, ['train.eval_every'] = true,
-    ['train.eval_batches'] = true, ['train.max_skipped_in_a_row'] = true}
+    ['train.eval_batches'] = true, ['train.max_skipped_in_a_row'] = true, ['parallel.bucket_mb'] = true}
 local PATH_KEYS = {tokenizer = true, ['model.path'] = true, ['data.train'] = true}
 
 -- the shortest decimal that reads back as the number

@@ -19,7 +19,13 @@
 -- checkpoints are all unusable, a resumed run whose data, model or batch settings differ from
 -- its checkpoint's, rows longer than the model's positions, data with too many rejected rows.
 -- During the run, SIGTERM or a first Ctrl-C finishes the step, writes a checkpoint and stops
--- (non-zero exit); a second one ends the process at once. A step with no token to train on is an
+-- (non-zero exit); a second one ends the process at once.
+--
+-- Under mpirun with several ranks the run is data parallel (lunar.train.data_parallel): each rank
+-- reads its share of every global batch (micro_batch x grad_accum x ranks rows), the gradients
+-- are reduced in buckets during backward and the optimizer state is sharded over the ranks; rank
+-- 0 prints, logs the metrics (tokens summed over the ranks) and writes the outputs, every rank
+-- writes its optimizer shard into the checkpoint. A step with no token to train on is an
 -- error; train.max_skipped_in_a_row consecutive skipped steps stop the run with a checkpoint.
 local lunar = require 'lunar'
 local core = require 'lunar.core'
@@ -28,6 +34,7 @@ local checkpoint = require 'lunar.train.checkpoint'
 local metrics_mod = require 'lunar.train.metrics'
 local flops = require 'lunar.model.flops'
 local recipe_diff = require 'lunar.train.recipe_diff'
+local data_parallel = require 'lunar.train.data_parallel'
 
 local fs = core.fs
 local user_error = core.user_error
@@ -97,7 +104,7 @@ local function report_data(cfg, rep, what)
     end
     log(cfg, '%s: %d rows kept%s, %d rejected', what, rep.n_good,
         #changed > 0 and (' (' .. table.concat(changed, ', ') .. ' at max_len)') or '', rep.n_bad)
-    if not cfg.quiet or rep.n_bad > 0 then rep:print() end
+    if not cfg.silent and (not cfg.quiet or rep.n_bad > 0) then rep:print() end
     local total = rep.n_good + rep.n_bad
     if rep.n_good == 0 then
         user_error(('%s: no usable row in %s (%d rejected; the reasons are above)'):format(what,
@@ -111,6 +118,7 @@ local function report_data(cfg, rep, what)
     end
 end
 
+-- opts.dp: this rank's share of each global batch (lunar.train.data_parallel)
 local function make_loader(cfg, source, opts)
     local d = cfg.data
     -- documents longer than a row: split for pretraining data (text, indexed), else as data.overlong says
@@ -118,6 +126,7 @@ local function make_loader(cfg, source, opts)
     return data.loader{source = source, seq_len = d.seq_len, micro_batch = d.micro_batch, seed = d.seed,
         shuffle = opts.shuffle, pad_to_multiple = d.pad_to_multiple, quiet = opts.quiet, epochs = opts.epochs,
         packing = d.packing, pack_buffer = d.pack_buffer,
+        dp_rank = opts.dp and opts.dp.rank, dp_size = opts.dp and opts.dp.size,
         overlong = d.overlong or (pretraining and 'split' or 'truncate')}
 end
 
@@ -278,8 +287,26 @@ local function check_resumed_recipe(cfg, st)
             .. 'start afresh, or another checkpoint.dir'):format(st.dir, table.concat(breaking, '\n')
             .. (#other > 0 and ('\n' .. table.concat(other, '\n')) or '')))
     end
+    if cfg.silent then return end
     print(('[lunar] resuming %s with changed settings:\n%s'):format(st.dir, table.concat(breaking, '\n')
         .. (#breaking > 0 and #other > 0 and '\n' or '') .. table.concat(other, '\n')))
+end
+
+-- a checkpoint resumes in the data-parallel size and optimizer it was written with: the optimizer
+-- state of another layout would need resharding (not supported yet) and the data order would
+-- differ (each rank's rows depend on the number of ranks)
+local function check_resumed_layout(cfg, st, dp)
+    local saved = st.extra and st.extra.parallel or {dp = 1, distributed_optimizer = false}
+    local now = {dp = dp and dp.size or 1, distributed_optimizer = dp and dp.distributed or false}
+    if saved.dp ~= now.dp or (now.dp > 1 and saved.distributed_optimizer ~= now.distributed_optimizer) then
+        user_error(('%s was written with %d data-parallel rank%s%s, this run has %d%s: resuming in another layout is '
+            .. 'not supported yet (the sharded optimizer state and the data order depend on it). Resume with mpirun -np '
+            .. '%d%s, or set checkpoint.resume=none to start afresh'):format(st.dir, saved.dp, saved.dp == 1 and '' or 's',
+            saved.dp > 1 and (saved.distributed_optimizer and ' (distributed optimizer)' or ' (replicated optimizer)') or '',
+            now.dp, now.dp > 1 and (now.distributed_optimizer and ' (distributed optimizer)' or ' (replicated optimizer)')
+            or '', saved.dp, saved.dp > 1 and (' and parallel.distributed_optimizer=' .. tostring(saved.distributed_optimizer))
+            or ''))
+    end
 end
 
 -- ---- setup --------------------------------------------------------------------------------------
@@ -288,6 +315,9 @@ end
 -- st (the checkpoint resumed), start (its step)}
 local function setup(cfg)
     if cfg.threads then lunar.threads(cfg.threads) end
+    local dp = data_parallel.setup(cfg)
+    -- one voice: rank 0 prints and writes the run's files, the other ranks train silently
+    if dp and not dp:is_main() then cfg.quiet, cfg.silent = true, true end
     local model_setting = cfg.model.path and ('model.path=' .. cfg.model.path) or 'model.config'
     local mcfg = setting_error(model_setting, model_config, cfg)
     local mpe = mcfg.max_position_embeddings
@@ -295,22 +325,25 @@ local function setup(cfg)
         user_error(('data.seq_len=%d is longer than the model\'s max_position_embeddings=%d; set data.seq_len <= %d')
             :format(cfg.data.seq_len, mpe, mpe))
     end
-    check_writable(cfg)
-    local r = {cfg = cfg, mcfg = mcfg}
+    if not dp or dp:is_main() then check_writable(cfg) end
+    local r = {cfg = cfg, mcfg = mcfg, dp = dp}
     r.tok = setting_error('tokenizer=' .. cfg.tokenizer, lunar.tokenizer.load, cfg.tokenizer)
     log(cfg, '%s: tokenizer %s (%d tokens)', cfg.name, cfg.tokenizer, r.tok:vocab_size())
     local source, rep = setting_error('data.train', M.load_documents, cfg, r.tok)
     report_data(cfg, rep, 'data.train')
-    r.loader = make_loader(cfg, source, {shuffle = cfg.data.shuffle ~= false, quiet = cfg.quiet})
+    r.loader = make_loader(cfg, source, {shuffle = cfg.data.shuffle ~= false, quiet = cfg.quiet, dp = dp})
     if cfg.data.valid then
         local vsource, vrep = setting_error('data.valid', M.load_documents, cfg, r.tok, cfg.data.valid)
         report_data(cfg, vrep, 'data.valid')
         r.valid_source = vsource
     end
 
-    r.cm = checkpoint.manager{dir = cfg.checkpoint.dir, every = cfg.checkpoint.every, keep_last = cfg.checkpoint.keep_last}
+    r.cm = checkpoint.manager{dir = cfg.checkpoint.dir, every = cfg.checkpoint.every, keep_last = cfg.checkpoint.keep_last,
+        group = dp and dp.group, quiet = dp and not dp:is_main() or nil}
     local st = setting_error('checkpoint.resume=' .. cfg.checkpoint.resume, find_checkpoint, cfg, r.cm)
+    if dp then dp:check_same_checkpoint(st) end
     if st then check_resumed_recipe(cfg, st) end
+    if st then check_resumed_layout(cfg, st, dp) end
     r.st = st
 
     r.model = setting_error(st and not cfg.peft and ('the checkpoint ' .. st.model_dir) or model_setting,
@@ -331,13 +364,23 @@ local function setup(cfg)
         params:count() / 1e6)
 
     local o = cfg.optim
-    r.opt = lunar.optim.AdamW.new(params, {
+    local adamw_opts = {
         lr = o.lr, betas = o.betas, eps = o.eps, weight_decay = o.weight_decay, no_decay = o.no_decay,
         clip = o.clip_grad, accum = cfg.train.grad_accum,
-        schedule = {warmup = o.warmup or 0, total = cfg.train.steps, decay = o.schedule, min_lr = o.min_lr}})
+        schedule = {warmup = o.warmup or 0, total = cfg.train.steps, decay = o.schedule, min_lr = o.min_lr}}
+    if dp then
+        r.opt = dp:optimizer(params, r.model, adamw_opts)
+        dp:report(cfg, r.model.params, r.opt, log)
+    else
+        r.opt = lunar.optim.AdamW.new(params, adamw_opts)
+    end
     r.start = 0
     if st then
-        r.opt:load_state_dict(st.optimizer)
+        if r.opt.shard_state then
+            r.opt:load_state_dict(st.optimizer, {shard = checkpoint.load_shard(st, dp.rank)})
+        else
+            r.opt:load_state_dict(st.optimizer)
+        end
         local ok, err = pcall(r.loader.set_state, r.loader, st.data)
         if not ok then
             if not cfg.checkpoint.allow_changes then error(err, 0) end
@@ -362,19 +405,24 @@ local function train_step(r, step)
         batches[i] = b
         targets, tokens = targets + b.num_targets, tokens + b.num_tokens
     end
+    if r.dp then targets, tokens = r.dp:sum_counts(targets, tokens) end
     if targets == 0 then
         user_error(('step %d has no token to train on: every target of its %d rows is masked (a prompt longer than '
             .. 'data.seq_len=%d, or documents of one token); check the data and data.seq_len'):format(step,
             r.cfg.train.grad_accum * r.cfg.data.micro_batch, r.cfg.data.seq_len))
     end
     local loss_sum = 0
-    for _, b in ipairs(batches) do
+    for i, b in ipairs(batches) do
         lunar.scope(function()
             local out = r.model:forward(b, {loss = true, num_items_in_batch = targets})
             loss_sum = loss_sum + out.loss
+            if r.dp then r.dp:before_backward(i == #batches) end
             r.model:backward()
+            if r.dp then r.dp:after_backward(i == #batches) end
         end)
     end
+    -- each rank's loss is its share of the global mean (divided by the global target count)
+    if r.dp then loss_sum = r.dp:sum(loss_sum) end
     -- the modules summed the gradients of loss_i = sum_i / targets: their sum is the step's
     -- mean loss already, so the optimizer must not divide by the number of micro-batches again
     local info = r.opt:step{loss = loss_sum, micro_batches = 1}
@@ -392,7 +440,9 @@ local function evaluate(r)
         local b = loader:next()
         if not b then break end
         n = n + 1
-        if b.num_targets > 0 then
+        -- data parallel: each rank evaluates every dp-th micro-batch of the whole set
+        local mine = not r.dp or (n - 1) % r.dp.size == r.dp.rank
+        if mine and b.num_targets > 0 then
             lunar.scope(function()
                 local out = r.model:forward(b, {loss = true, num_items_in_batch = b.num_targets, keep = false})
                 sum, targets = sum + out.loss * b.num_targets, targets + b.num_targets
@@ -400,6 +450,7 @@ local function evaluate(r)
         end
     end
     if r.adapters then r.adapters:train() end
+    if r.dp then sum, targets = r.dp:sum(sum, targets) end
     return targets > 0 and sum / targets or 0 / 0, targets
 end
 
@@ -436,7 +487,9 @@ local function save_checkpoint(r, step, m)
         end,
         optimizer = r.opt:state_dict(), data = r.loader:state(),
         metrics = {loss = r.last_loss, skipped_steps = counts.skipped_steps, nan_steps = counts.nan_steps},
-        extra = {lora_rng = r.adapters and r.adapters:rng_state() or nil, recipe = recipe_diff.snapshot(cfg)}})
+        extra = {lora_rng = r.adapters and r.adapters:rng_state() or nil, recipe = recipe_diff.snapshot(cfg),
+                 parallel = r.dp and {dp = r.dp.size, distributed_optimizer = r.dp.distributed} or nil}},
+        r.opt.shard_state and r.opt:shard_state() or nil)
     r.saved_step = step
     m:note(('checkpoint step %d: %s (%s, %.1f s)'):format(step, dir, mib(info.bytes), lunar.clock() - t0))
     return dir
@@ -483,26 +536,30 @@ function M.run(cfg)
             cfg.train.steps)
         -- the output of a run that died after its last checkpoint (or that asks for one now)
         local out = cfg.output and cfg.output.dir
-        if out and not fs.stat(out .. (r.adapters and '/adapter_config.json' or '/config.json')) then
+        if out and (not r.dp or r.dp:is_main()) and not fs.stat(out .. (r.adapters and '/adapter_config.json' or '/config.json')) then
             save_output(cfg, r.model, r.adapters)
         end
         result.finished, result.seconds = true, lunar.clock() - t_start
         return result
     end
-    local m = metrics_mod.new{dir = cfg.metrics.dir, total_steps = cfg.train.steps, start_step = r.start,
+    local main = not r.dp or r.dp:is_main()
+    local m = main and metrics_mod.new{dir = cfg.metrics.dir, total_steps = cfg.train.steps, start_step = r.start,
         warmup_steps = cfg.metrics.warmup_steps, flops_per_token = flops.training_per_token(r.model.cfg, cfg.data.seq_len),
         peak_flops = cfg.metrics.peak_flops, progress = (not cfg.quiet) and cfg.metrics.progress,
         log_every = cfg.train.log_every, counts = r.st and r.st.metrics or nil, summary = true,
         -- on a device, the peak of lunar's pool there (the process's resident memory says nothing about it)
         memory = r.model:device() ~= 'cpu' and r.model:device() or nil,
         tensorboard = cfg.metrics.tensorboard == false and false or nil}
+        -- the other ranks of a data-parallel run keep the counts only (rank 0 logs the global numbers)
+        or metrics_mod.new{total_steps = cfg.train.steps, start_step = r.start, progress = false, summary = false,
+            counts = r.st and r.st.metrics or nil, memory = r.model:device() ~= 'cpu' and r.model:device() or nil}
     local function eval_now(step)
         if r.valid_source then
             local loss, n = evaluate(r)
             m:log_eval(step, {loss = loss, ppl = math.exp(loss), tokens = n})
         end
         local bm = cfg.benchmark
-        if bm and bm.every > 0 and (step % bm.every == 0 or step == cfg.train.steps) then benchmark(r, m, step) end
+        if bm and bm.every > 0 and (step % bm.every == 0 or step == cfg.train.steps) and main then benchmark(r, m, step) end
     end
     local stop, in_a_row = nil, 0
     core.signal.catch_stop()
@@ -518,6 +575,8 @@ function M.run(cfg)
                 eval_now(step)
             end
             local signal = core.signal.stop_requested()
+            -- data parallel: a signal stops every rank at the same step
+            if r.dp and r.dp:any(signal) then signal = signal or 'a signal to another rank' end
             local too_many = cfg.train.max_skipped_in_a_row > 0 and in_a_row >= cfg.train.max_skipped_in_a_row
             if r.cm:due(step, step == cfg.train.steps) or signal or too_many then save_checkpoint(r, step, m) end
             if signal then stop = {step = step, why = 'stopped by ' .. signal} break end
@@ -540,7 +599,7 @@ function M.run(cfg)
         user_error(('%s at step %d of %d; the checkpoint %s/%s holds it: run the same command again to resume')
             :format(stop.why, stop.step, cfg.train.steps, cfg.checkpoint.dir, checkpoint.step_name(stop.step)))
     end
-    save_output(cfg, r.model, r.adapters)
+    if main then save_output(cfg, r.model, r.adapters) end
     local losses = result.losses
     local fall, tail, k = loss_fall(losses)
     result.fall, result.last_loss = fall, r.last_loss
@@ -595,6 +654,8 @@ end
 -- {params =, trainable =, memory = {weights =, grads =, optimizer =, total =}, data = {rows =,
 -- documents =, tokens =, efficiency =, rows_per_step =, steps_per_epoch =, epochs =}}
 function M.plan(cfg)
+    -- under a launcher, rank 0 prints the plan
+    if lunar.dist.env().rank ~= 0 then cfg.quiet, cfg.silent = true, true end
     local mcfg = model_config(cfg)
     local spec = require('lunar.model.params').spec(mcfg)
     local params = 0
@@ -614,7 +675,9 @@ function M.plan(cfg)
     report_data(cfg, rep, 'data.train')
     local loader = make_loader(cfg, source, {shuffle = cfg.data.shuffle ~= false, quiet = true})
     local st = loader:plan(0).stats
-    local per_step = cfg.data.micro_batch * cfg.train.grad_accum
+    -- data parallel (under a launcher): the global batch is micro_batch x grad_accum x ranks rows
+    local env = lunar.dist.env()
+    local per_step = cfg.data.micro_batch * cfg.train.grad_accum * env.size
     local steps_per_epoch = st.rows / per_step
     local p = {params = params, trainable = trainable, memory = mem,
                data = {documents = st.documents, rows = st.rows, tokens = st.real_tokens, slots = st.slots,
@@ -629,12 +692,18 @@ function M.plan(cfg)
         ('  data         %s documents, %s tokens -> %s rows of %d (packing %s, efficiency %.2f%%)'):format(
             metrics_mod.commas(st.documents), metrics_mod.commas(st.real_tokens), metrics_mod.commas(st.rows),
             cfg.data.seq_len, cfg.data.packing or 'bfd', 100 * st.efficiency),
-        ('  schedule     %d steps of %d rows (%d x %d): %.1f steps per epoch, %.2f epochs'):format(cfg.train.steps,
-            per_step, cfg.data.micro_batch, cfg.train.grad_accum, steps_per_epoch, p.data.epochs),
+        ('  schedule     %d steps of %d rows (%d x %d%s): %.1f steps per epoch, %.2f epochs'):format(cfg.train.steps,
+            per_step, cfg.data.micro_batch, cfg.train.grad_accum, env.size > 1 and (' x ' .. env.size .. ' ranks') or '',
+            steps_per_epoch, p.data.epochs),
         ('  outputs      checkpoints %s, metrics %s, final %s'):format(cfg.checkpoint.dir, cfg.metrics.dir,
             cfg.output.dir or '-'),
     }
-    print(table.concat(lines, '\n'))
+    if env.size > 1 then
+        local sharded = not cfg.parallel or cfg.parallel.distributed_optimizer ~= false
+        lines[#lines + 1] = ('  parallel     data parallel over %d ranks: AdamW state %s per rank (%s)'):format(env.size,
+            mib(sharded and mem.optimizer / env.size or mem.optimizer), sharded and 'sharded' or 'replicated')
+    end
+    if env.rank == 0 then print(table.concat(lines, '\n')) end
     return p
 end
 

@@ -1,0 +1,169 @@
+-- tests/mpi/dp_common.lua: what the data-parallel tests share (loaded with dofile; not a test).
+--
+-- one_step(T, distributed): one training step of the tiny GLM-5 model (f32, real chat data,
+-- packed rows with padding) on every rank of the world as data parallel, against the same step
+-- on the whole global batch computed by each rank alone (no collective): the loss, every
+-- parameter gradient and every parameter after the update within 1e-5 relative L2 (the updates
+-- themselves within 1e-3, see below).
+local lunar = require 'lunar'
+local data = require 'lunar.data'
+local trainer = require 'lunar.train.trainer'
+local grad_buffer = require 'lunar.optim.grad_buffer'
+local distributed = require 'lunar.optim.distributed'
+
+local d = lunar.dist
+local M = {}
+
+M.preset = dofile('recipes/presets/tiny.lua')
+M.tokenizer = 'recipes/presets/tiny/tokenizer.json'
+M.data = {kind = 'chat', train = {'examples/data/sft/gsm8k_train_chat_first1000.jsonl'}, template = 'glm5',
+          seq_len = 256, limit = 48, overlong = 'truncate'}
+
+local function rel_l2(a, b)
+    local diff = lunar.ops.global_norm({lunar.ops.sub(a, b)})
+    local ref = lunar.ops.global_norm({b})
+    if ref == 0 then return diff end
+    return diff / ref
+end
+M.rel_l2 = rel_l2
+
+local docs
+local function documents()
+    if not docs then
+        local tok = lunar.tokenizer.load(M.tokenizer)
+        docs = trainer.load_documents({data = M.data}, tok)
+    end
+    return docs
+end
+
+local ADAMW = {lr = 1e-3, betas = {0.9, 0.95}, eps = 1e-8, weight_decay = 0.1, clip = 1.0,
+               schedule = {warmup = 0, total = 10, decay = 'cosine', min_lr = 1e-4}}
+
+-- the checks of one step; returns a table of measured numbers for the caller's messages
+-- (config: changes to the tiny preset's model config)
+function M.one_step(T, distributed_on, micro_batch, config)
+    micro_batch = micro_batch or 2
+    local world = d.world()
+    local np, rank = world:size(), world:rank()
+    local cfg = {}
+    for k, v in pairs(M.preset.common.model.config) do cfg[k] = v end
+    for k, v in pairs(config or {}) do cfg[k] = v end
+    -- the reference: the whole global batch (micro_batch x np rows) on this rank alone
+    local full = data.loader{source = documents(), seq_len = M.data.seq_len, micro_batch = micro_batch * np, seed = 3}
+    local ref_batch = full:next()
+    local A = lunar.model.new(cfg, {seed = 11})
+    local outA = A:forward(ref_batch, {loss = true, num_items_in_batch = ref_batch.num_targets})
+    A:backward()
+    -- the rows hold several documents (packed) and padding
+    local packed, slots = false, ref_batch.input_ids:numel()
+    for _, cu in ipairs(ref_batch.cu_seqlens) do if cu:numel() > 2 then packed = true end end
+    assert(packed, 'no row holds several documents')
+    assert(ref_batch.num_tokens < slots, 'no padding in the batch')
+
+    -- data parallel: this rank's share
+    local mine = data.loader{source = documents(), seq_len = M.data.seq_len, micro_batch = micro_batch, seed = 3,
+                             dp_rank = rank, dp_size = np}
+    local b = mine:next()
+    local B = lunar.model.new(cfg, {seed = 11})
+    local buffer = grad_buffer.new(B.params, {group = world, shard = distributed_on, bucket_elems = 2 ^ 18, model = B})
+    buffer:watch(B)
+    local targets = d.all_reduce(lunar.tensor({b.num_targets}, 'f64'), {group = world}):item()
+    T.equal(targets, ref_batch.num_targets, 'global target count')
+    local outB = B:forward(b, {loss = true, num_items_in_batch = targets})
+    buffer:arm()
+    B:backward()
+    local early = buffer:finish()
+    assert(early > 0, 'no bucket started during backward')
+    local loss = d.all_reduce(lunar.tensor({outB.loss}, 'f64'), {group = world}):item()
+    local loss_rel = math.abs(loss - outA.loss) / math.abs(outA.loss)
+    assert(loss_rel <= 1e-5, ('loss %.9g, one rank %.9g (rel %.3g)'):format(loss, outA.loss, loss_rel))
+
+    -- every gradient (gathered from the shards with the distributed optimizer)
+    local full_grads = buffer.flat
+    if distributed_on then full_grads = d.all_gather(buffer.shard_grad, {group = world}) end
+    local worst, worst_name, n = 0, nil, 0
+    for _, e in ipairs(buffer.entries) do
+        local ga = A.params.grads[e.name]
+        local gb = full_grads:narrow(1, e.offset + 1, e.numel):view(e.shape)
+        if ga then
+            n = n + 1
+            local r = rel_l2(gb, ga)
+            if r > worst then worst, worst_name = r, e.name end
+            assert(buffer:has_grad(e), e.name .. ' has a gradient on one rank but not here')
+        else
+            assert(not buffer:has_grad(e), e.name .. ' has a gradient here but not on one rank')
+            T.equal(lunar.ops.global_norm({gb}), 0, e.name .. ' gradient without a backward')
+        end
+    end
+    assert(n > 100, 'compared ' .. n .. ' gradients')
+    assert(worst <= 1e-5, ('gradient of %s: relative L2 %.3g'):format(tostring(worst_name), worst))
+
+    -- the optimizer step: the same update of every parameter
+    local before = {}
+    for name in A.params:names() do before[name] = A.params:get(name):clone() end
+    local optA = lunar.optim.AdamW.new(A.params, ADAMW)
+    local optB = distributed_on and distributed.new(B.params, buffer, ADAMW) or lunar.optim.AdamW.new(B.params, ADAMW)
+    local infoA = optA:step{loss = outA.loss, micro_batches = 1}
+    local infoB = optB:step{loss = loss, micro_batches = 1}
+    assert(math.abs(infoA.grad_norm - infoB.grad_norm) <= 1e-5 * infoA.grad_norm,
+        ('grad norm %.9g, one rank %.9g'):format(infoB.grad_norm, infoA.grad_norm))
+    -- the parameters within 1e-5; their updates (about lr = 1e-3 of a parameter ~0.02) within
+    -- 1e-3: AdamW's first update is about g / |g| per element, which turns the rounding of a
+    -- gradient near zero into a visible change of that element
+    local worst_p, worst_pname, worst_u, worst_uname, moved = 0, nil, 0, nil, 0
+    for name in A.params:names() do
+        local pa, pb = A.params:get(name), B.params:get(name)
+        local da = lunar.ops.sub(pa, before[name])
+        local db = lunar.ops.sub(pb, before[name])
+        local rp = rel_l2(pb, pa)
+        if rp > worst_p then worst_p, worst_pname = rp, name end
+        if lunar.ops.global_norm({da}) > 0 then
+            moved = moved + 1
+            local r = rel_l2(db, da)
+            if r > worst_u then worst_u, worst_uname = r, name end
+        else
+            T.equal(lunar.ops.global_norm({db}), 0, name .. ' moved here but not on one rank')
+        end
+    end
+    assert(moved > 100, 'only ' .. moved .. ' parameters moved')
+    assert(worst_p <= 1e-5, ('parameter %s after the step: relative L2 %.3g'):format(tostring(worst_pname), worst_p))
+    assert(worst_u <= 1e-3, ('update of %s: relative L2 %.3g'):format(tostring(worst_uname), worst_u))
+    return {loss_rel = loss_rel, grad_rel = worst, param_rel = worst_p, param_name = worst_pname, update_rel = worst_u,
+            update_name = worst_uname, buckets = #buffer.buckets,
+            early = early, optimizer = optB, reference = optA}
+end
+
+-- a small sft recipe (real data) under dir, with overrides
+function M.recipe(dir, extra)
+    local o = {quiet = true, expect_loss_fall = false,
+        data = {limit = 64, seq_len = 256, micro_batch = 2, max_rejected = 0.5},
+        train = {steps = 20, log_every = 100}, optim = {warmup = 2},
+        checkpoint = {dir = dir .. '/ckpt', every = 100, keep_last = 3},
+        metrics = {dir = dir, tensorboard = false}, output = {dir = dir .. '/final'},
+        parallel = {bucket_mb = 1}}
+    local function merge(a, b)
+        for k, v in pairs(b or {}) do
+            if type(v) == 'table' and type(a[k]) == 'table' and #v == 0 then merge(a[k], v) else a[k] = v end
+        end
+        return a
+    end
+    return merge(o, extra)
+end
+
+function M.tmpdir()
+    local dir
+    if d.rank() == 0 then
+        dir = os.tmpname()
+        os.remove(dir)
+        os.execute(('mkdir -p %q'):format(dir))
+    end
+    -- every rank uses rank 0's directory: its name goes over as bytes
+    local bytes = {}
+    for i = 1, 64 do bytes[i] = dir and (dir:byte(i) or 0) or 0 end
+    local t = d.broadcast(lunar.tensor(bytes, 'i64'), {root = 0})
+    local chars = {}
+    for _, c in ipairs(t:tolist_flat()) do if c > 0 then chars[#chars + 1] = string.char(c) end end
+    return table.concat(chars)
+end
+
+return M

@@ -1,0 +1,50 @@
+-- np: 4
+-- Data parallel on 4 ranks: one step equals one rank's on the whole global batch (distributed
+-- optimizer on and off), and the distributed optimizer's state on each rank is a quarter of one
+-- rank's, counted from the tensors.
+local lunar = require 'lunar'
+local common = dofile('tests/mpi/common.lua')
+local dpc = dofile('tests/mpi/dp_common.lua')
+local d = lunar.dist
+
+lunar.threads(1)
+local T = common.suite('data parallel np4', 4)
+
+T:test('one step at dp=4, distributed optimizer on, equals one rank', function()
+    local m = dpc.one_step(T, true, 1)
+    if d.rank() == 0 then
+        print(('  loss rel %.2g, gradient rel %.2g, parameter rel %.2g (%s), update rel %.2g (%s), %d buckets (%d started in '
+            .. 'backward)'):format(m.loss_rel, m.grad_rel, m.param_rel, m.param_name, m.update_rel, m.update_name,
+            m.buckets, m.early))
+    end
+end)
+
+-- without the MTP layer, which the training backward does not reach (its parameters get no state
+-- on one rank, and sit at the end of the flat layout, so the last rank would hold less): every
+-- parameter has state after the step
+T:test('the distributed optimizer\'s state on each of 4 ranks is a quarter of one rank\'s', function()
+    local m = dpc.one_step(T, true, 1, {num_nextn_predict_layers = 0})
+    local one = m.reference:state_bytes()
+    local mine = m.optimizer:state_bytes()
+    local all = d.all_gather(lunar.tensor({mine}, 'f64')):tolist_flat()
+    local padded = m.optimizer.buffer.padded - m.optimizer.buffer.total
+    assert(one > 0, 'the reference has optimizer state')
+    local sum = 0
+    for r, b in ipairs(all) do
+        sum = sum + b
+        -- a quarter, plus at most the rounding of the slice (its padding, 8 bytes an element)
+        assert(math.abs(b - one / 4) <= 8 * (padded + 4), ('rank %d holds %d bytes of optimizer state, one rank %d (a '
+            .. 'quarter: %d)'):format(r - 1, b, one, one / 4))
+    end
+    T.equal(sum, one, 'the shards add up to one rank\'s state')
+    if d.rank() == 0 then
+        print(('  optimizer state: one rank %d bytes, each of 4 ranks %s'):format(one, table.concat(all, ' / ')))
+    end
+end)
+
+T:test('one step at dp=4, distributed optimizer off, equals one rank', function()
+    local m = dpc.one_step(T, false, 1)
+    T.equal(m.optimizer:state_bytes(), m.reference:state_bytes(), 'a whole copy of the state on every rank')
+end)
+
+os.exit(T:run())
