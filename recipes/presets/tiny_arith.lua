@@ -24,6 +24,8 @@ return {
         train = {steps = 500, log_every = 10},
         optim = {lr = 3e-3, min_lr = 3e-4, warmup = 20, weight_decay = 0.1},
         checkpoint = {every = 100, keep_last = 1},
+        -- benchmark.every=100 follows the held-out greedy accuracy during the warm-up
+        benchmark = {every = 0, datasets = {'arith'}, limit = 200, max_new_tokens = 48},
     },
     -- grpo and dapo: the RL recipes on examples/data/rl/arith_train.jsonl from the warm-up's model
 }

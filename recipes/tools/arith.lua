@@ -2,10 +2,11 @@
 -- one or two operations (+, -, x) on small numbers, a worked solution of one equation a line,
 -- then "#### N". A tiny model learns the format from a short SFT warm-up but gets the arithmetic
 -- right only part of the time, so sampled answers differ in correctness: the signal GRPO and
--- DAPO learn from. recipes/tools/make_arith.lua writes the shipped files with it.
+-- DAPO learn from. `direct` makes some of the warm-up's rows give the final line alone (the
+-- shipped files have none). recipes/tools/make_arith.lua writes the shipped files with it.
 --
 --   local arith = dofile('recipes/tools/arith.lua')
---   local sets = arith.generate({seed = 1, test = 200, sft = 3000, train = 4000})
+--   local sets = arith.generate({seed = 1, test = 200, sft = 3000, train = 4000, direct = 0})
 --   -- sets.test[i] = {question =, answer = "7 + 5 = 12\n12 - 3 = 9\n#### 9", result = 9}
 --   arith.user_prompt(sets.test[1].question)   -- the question with the GSM8K instruction
 --
@@ -118,8 +119,16 @@ local function draw(s)
     return {question = question, answer = table.concat(lines, '\n'), result = result}
 end
 
--- opts: seed, and the size of each set: test, sft, train
+-- opts: seed, the size of each set (test, sft, train), and direct: the fraction of the SFT rows
+-- answered with the final line alone ("#### N"), the rest worked out. The warm-up then knows
+-- both ways and mostly answers directly, which is mostly wrong; working it out is mostly right,
+-- and is what the reward of RL comes to prefer. (Test and train rows always hold the worked
+-- answer, as GSM8K's do.)
 function M.generate(opts)
+    local direct = opts.direct or 0
+    if type(direct) ~= 'number' or not (direct >= 0 and direct <= 1) then
+        error(('arith: direct must be a fraction in [0, 1], got %s'):format(tostring(opts.direct)), 2)
+    end
     local s = stream(opts.seed)
     local seen, sets = {}, {}
     for _, name in ipairs({'test', 'sft', 'train'}) do
@@ -136,6 +145,8 @@ function M.generate(opts)
             local p = draw(s)
             if p and not seen[p.question] then
                 seen[p.question] = true
+                -- (direct = 0 draws nothing here: the problems do not depend on the option then)
+                if name == 'sft' and direct > 0 then p.direct = s.int(1, 1000) <= direct * 1000 end
                 set[#set + 1] = p
             end
         end
@@ -161,7 +172,7 @@ function M.files(sets)
     for i, p in ipairs(sets.sft) do
         local messages = pyjson.array({
             pyjson.object({{'role', 'user'}, {'content', M.user_prompt(p.question)}}),
-            pyjson.object({{'role', 'assistant'}, {'content', p.answer}})})
+            pyjson.object({{'role', 'assistant'}, {'content', p.direct and ('#### %d'):format(p.result) or p.answer}})})
         chat[i] = pyjson.dumps(pyjson.object({{'id', ('arith-sft-%d'):format(i - 1)}, {'messages', messages}})) .. '\n'
     end
     return {
@@ -172,6 +183,6 @@ function M.files(sets)
 end
 
 -- the settings the shipped files were made with (recipes/tools/make_arith.lua's defaults)
-M.SHIPPED = {seed = 1, test = 200, sft = 3000, train = 4000}
+M.SHIPPED = {seed = 1, test = 200, sft = 3000, train = 4000, direct = 0}
 
 return M

@@ -1,7 +1,7 @@
 -- test_rl_arith.lua: the tiny RL task's problems (recipes/tools/arith.lua) and its shipped files
 -- (examples/data/rl/): a seed gives the same problems every time and another seed others; every
 -- answer is the one a separate solver reads off the question's words, and every line of its
--- worked solution is right; the shipped files are the generator's output for their settings,
+-- worked solution is right; the warm-up's rows are right too, direct in the fraction asked; the shipped files are the generator's output for their settings,
 -- byte for byte; no question is in two sets; the held-out set loads as the evaluation's `arith`
 -- dataset, graded by skyrl_gsm8k.
 local arith = dofile('recipes/tools/arith.lua')
@@ -126,6 +126,41 @@ T:test('the shipped files are the generator output for their settings', function
     end
 end)
 
+-- the warm-up's chat rows in `text`: the question with the instruction, then a right answer,
+-- direct ("#### N") in about the fraction `direct` of the rows, else worked
+local function check_warmup_rows(text, want_rows, direct_fraction)
+    local direct, rows = 0, 0
+    for line in text:gmatch('[^\n]+') do
+        local row = require('lunar').io.decode_json(line)
+        rows = rows + 1
+        same(#row.messages, 2, 'a user and an assistant turn')
+        same(row.messages[1].role, 'user', 'the first turn')
+        same(row.messages[2].role, 'assistant', 'the second turn')
+        local q = row.messages[1].content:sub(1, #row.messages[1].content - #arith.INSTRUCTION - 1)
+        same(arith.user_prompt(q), row.messages[1].content, 'sft row ' .. rows .. ' ends with the instruction')
+        local answer = row.messages[2].content
+        if answer:find('\n', 1, true) then
+            check_problem({question = q, answer = answer})
+        else
+            same(answer, ('#### %d'):format(solve(q)), 'the direct answer of ' .. q)
+            direct = direct + 1
+        end
+    end
+    same(rows, want_rows, 'sft rows')
+    local want = direct_fraction * rows
+    assert(math.abs(direct - want) <= 0.05 * rows, ('%d direct rows, about %d expected'):format(direct, want))
+end
+
+T:test('the warm-up rows: the question with the instruction, a right answer, direct or worked', function()
+    check_warmup_rows(read(DIR .. '/arith_sft_chat.jsonl'), arith.SHIPPED.sft, arith.SHIPPED.direct)
+    for _, direct in ipairs({0.5, 1}) do
+        local files = arith.files(arith.generate({seed = 3, test = 10, sft = 400, train = 10, direct = direct}))
+        for _, file in ipairs(files) do
+            if file.name == 'arith_sft_chat.jsonl' then check_warmup_rows(file.text, 400, direct) end
+        end
+    end
+end)
+
 T:test('the sets share no question, and none repeats', function()
     local test = questions(read(DIR .. '/arith_test.jsonl'))
     local train = questions(read(DIR .. '/arith_train.jsonl'))
@@ -163,6 +198,8 @@ end)
 T:test('bad settings are errors naming them', function()
     local ok, err = pcall(arith.generate, {seed = 0, test = 1, sft = 1, train = 1})
     assert(not ok and tostring(err):find('seed must be an integer', 1, true), tostring(err))
+    ok, err = pcall(arith.generate, {seed = 1, test = 1, sft = 1, train = 1, direct = 1.5})
+    assert(not ok and tostring(err):find('direct must be a fraction', 1, true), tostring(err))
     ok, err = pcall(arith.generate, {seed = 1, test = -1, sft = 1, train = 1})
     assert(not ok and tostring(err):find('test must be a count', 1, true), tostring(err))
 end)
