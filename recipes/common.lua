@@ -103,6 +103,8 @@ M.defaults = {
         max_new_tokens = 256,    -- tokens per answer
         temperature = 0,         -- 0 is greedy
         seed = 1,                -- sampling seed (temperature > 0)
+        enable_thinking = false, -- the chat template's thinking switch: false ends the prompt with
+                                 -- </think>, as SFT rows without reasoning are rendered
         data_dir = false,        -- the evaluation files (default: the repository's examples/data/eval)
     },
     peft = false,                -- LoRA: {r =, alpha =, dropout =, targets = {...}, seed =}
@@ -265,7 +267,8 @@ local function clean(t)
     if type(t) ~= 'table' then return t end
     local out = {}
     for k, v in pairs(t) do
-        if v ~= false or k == 'shuffle' or k == 'quiet' or k == 'tensorboard' or k == 'distributed_optimizer' then
+        if v ~= false or k == 'shuffle' or k == 'quiet' or k == 'tensorboard' or k == 'distributed_optimizer'
+            or k == 'enable_thinking' then
             out[k] = clean(v)
         end
     end

@@ -283,6 +283,23 @@ T:test('benchmarks every N steps are logged and leave the training run as it was
         end
     end
     T.equal(steps, {2, 4}, 'benchmarks at steps 2 and 4')
+    -- the prompts are those the model was trained on: an SFT row without reasoning renders as
+    -- <|assistant|></think>..., so by default the benchmark's prompt ends with </think> too
+    local evaluate = require 'lunar.eval.run'
+    local real_run, thinking = evaluate.run, {}
+    evaluate.run = function(model, tok, opts)
+        thinking[#thinking + 1] = tostring(opts.enable_thinking)
+        return real_run(model, tok, opts)
+    end
+    local ok, err = pcall(function()
+        run('sft', small(tmpdir(), {train = {steps = 2}, benchmark = {every = 2, limit = 1, max_new_tokens = 2}}))
+        run('sft', small(tmpdir(), {train = {steps = 2}, benchmark = {every = 2, limit = 1, max_new_tokens = 2,
+            enable_thinking = true}}))
+    end)
+    evaluate.run = real_run
+    assert(ok, err)
+    same(thinking[1], 'false', 'the benchmark\'s enable_thinking by default')
+    same(thinking[2], 'true', 'benchmark.enable_thinking=true')
     refuses(function() common.validate(common.recipe('sft', {benchmark = {datasets = {'gsm9k'}}})) end,
         {'benchmark.datasets', 'unknown dataset gsm9k'})
     os.execute(('rm -rf %q %q'):format(d1, d2))

@@ -34,7 +34,7 @@
 --
 -- Datasets (grade.grader_for): gsm8k, openai/gsm8k -> verl_gsm8k; MATH-500,
 -- HuggingFaceH4/MATH-500 -> verl_math; AIME-2024-30, AIME-2025-30, aime24, aime25 -> aime;
--- DAPO-17k, math_dapo -> verl_math_dapo. The response is the decoded completion without special
+-- DAPO-17k, math_dapo -> verl_math_dapo; arith (the tiny RL task) -> skyrl_gsm8k. The response is the decoded completion without special
 -- tokens, as verl decodes it. Characters are code points (lunar.eval.pytext), as in Python.
 local pytext = require('lunar.eval.pytext')
 
@@ -48,6 +48,7 @@ local DATASETS = {
     ['MATH-500'] = 'verl_math', ['HuggingFaceH4/MATH-500'] = 'verl_math',
     ['AIME-2024-30'] = 'aime', ['AIME-2025-30'] = 'aime', ['aime24'] = 'aime', ['aime25'] = 'aime',
     ['DAPO-17k'] = 'verl_math_dapo', ['math_dapo'] = 'verl_math_dapo',
+    ['arith'] = 'skyrl_gsm8k',
 }
 
 -- ---- plain-text helpers (Python's str.replace / split / rfind) -------------------------------

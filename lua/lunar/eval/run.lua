@@ -33,8 +33,12 @@ M.DATASETS = {
     ['MATH-500'] = {file = 'math500_aime24_aime25.jsonl', source = 'MATH-500'},
     ['AIME-2024-30'] = {file = 'math500_aime24_aime25.jsonl', source = 'AIME-2024-30'},
     ['AIME-2025-30'] = {file = 'math500_aime24_aime25.jsonl', source = 'AIME-2025-30'},
+    -- the tiny RL task's held-out problems (recipes/tools/arith.lua), kept beside its training
+    -- data in examples/data/rl
+    ['arith'] = {file = '../rl/arith_test.jsonl', question = 'question',
+                 gold = function(row) return grade.gsm8k_gold(row.answer) end},
 }
-M.ORDER = {'gsm8k', 'MATH-500', 'AIME-2024-30', 'AIME-2025-30'}
+M.ORDER = {'gsm8k', 'MATH-500', 'AIME-2024-30', 'AIME-2025-30', 'arith'}
 
 local function default_dir()
     local here = debug.getinfo(1, 'S').source

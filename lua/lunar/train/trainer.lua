@@ -462,7 +462,7 @@ local function benchmark(r, m, step)
     local report = lunar.scope(function()
         return require('lunar.eval.run').run(r.model, r.tok, {datasets = bm.datasets, limit = bm.limit, k = bm.k,
             max_new_tokens = bm.max_new_tokens, temperature = bm.temperature, seed = bm.seed,
-            template = r.cfg.data.template, data_dir = bm.data_dir})
+            template = r.cfg.data.template, enable_thinking = bm.enable_thinking, data_dir = bm.data_dir})
     end)
     local list, text = {}, {}
     for _, e in ipairs(report) do
