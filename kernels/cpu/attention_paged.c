@@ -92,9 +92,10 @@ static inline int64_t ap_cache_row(const ap_args *a, int64_t b, int64_t t) {
     return a->table[b * a->NB + t / a->bs] * a->bs + t % a->bs;
 }
 
-static inline float ap_lanes_sum(ap_v8 v) {
+/* (by pointer: a 32-byte vector passed by value has another ABI with and without AVX) */
+static inline float ap_lanes_sum(const ap_v8 *v) {
     float l[AP_LANES];
-    memcpy(l, &v, sizeof l);
+    memcpy(l, v, sizeof l);
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
@@ -120,8 +121,8 @@ static inline void ap_dot4(const float *const qh[4], const float *kr, int64_t n,
         AP_LOAD(x0, xp[0]), AP_LOAD(x1, xp[1]), AP_LOAD(x2, xp[2]), AP_LOAD(x3, xp[3]);
         a0 += x0 * kv, a1 += x1 * kv, a2 += x2 * kv, a3 += x3 * kv;
     }
-    dots[0] = ap_lanes_sum(a0) * scale, dots[1] = ap_lanes_sum(a1) * scale;
-    dots[2] = ap_lanes_sum(a2) * scale, dots[3] = ap_lanes_sum(a3) * scale;
+    dots[0] = ap_lanes_sum(&a0) * scale, dots[1] = ap_lanes_sum(&a1) * scale;
+    dots[2] = ap_lanes_sum(&a2) * scale, dots[3] = ap_lanes_sum(&a3) * scale;
 }
 
 /* the attended positions of sequence b into pos; returns their number */
