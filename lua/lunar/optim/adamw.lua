@@ -197,6 +197,16 @@ end
 function AdamW:current_lr() return self.lr * self.schedule:factor(self.step_count) end
 
 -- step{loss =, micro_batches =} -> info (see the header)
+-- a step not applied (a non-finite loss or gradient norm): counted, and said in info
+function AdamW:_skip(info, reason)
+    self.skipped = self.skipped + 1
+    if reason == 'loss' then self.nonfinite_loss = self.nonfinite_loss + 1
+    else self.nonfinite_grad = self.nonfinite_grad + 1 end
+    info.skipped, info.reason = true, reason
+    info.lr = self:current_lr()
+    return info
+end
+
 function AdamW:step(o)
     o = o or {}
     local accum = o.micro_batches or self.accum
@@ -214,14 +224,7 @@ function AdamW:step(o)
     end
     local loss = o.loss
     if tensor.is_tensor(loss) then loss = loss:item() end
-    local function skip(reason)
-        self.skipped = self.skipped + 1
-        if reason == 'loss' then self.nonfinite_loss = self.nonfinite_loss + 1
-        else self.nonfinite_grad = self.nonfinite_grad + 1 end
-        info.skipped, info.reason = true, reason
-        info.lr = self:current_lr()
-        return info
-    end
+    local function skip(reason) return self:_skip(info, reason) end
     if loss ~= nil and not finite(loss) then return skip('loss') end
     local norm = #gs > 0 and ops.global_norm(gs) or 0
     norm = f32(norm / accum)

@@ -91,14 +91,7 @@ function Dist:step(o)
     core.sync_check(self.buffer.device)
     local loss = o.loss
     if tensor.is_tensor(loss) then loss = loss:item() end
-    local function skip(reason)
-        self.skipped = self.skipped + 1
-        if reason == 'loss' then self.nonfinite_loss = self.nonfinite_loss + 1
-        else self.nonfinite_grad = self.nonfinite_grad + 1 end
-        info.skipped, info.reason = true, reason
-        info.lr = self:current_lr()
-        return info
-    end
+    local function skip(reason) return self:_skip(info, reason) end
     if loss ~= nil and not finite(loss) then return skip('loss') end
     -- the global norm: this slice's sum of squares, summed over the group (untouched parameters
     -- and the padding are zeros in every slice)
