@@ -217,6 +217,72 @@ T:test('entropy in chunks of 3 rows (N not a multiple) = one chunk, forward and 
     assert(ok, err)
 end)
 
+T:test('head_positions: the head on some rows = those rows of the full forward, gradients too', function()
+    for _, case in ipairs({'glm5_dsa', 'glm5_packed'}) do
+        local model, batch = load_case(case)
+        local B, S = batch.input_ids:size(1), batch.input_ids:size(2)
+        local temp = 0.8
+        -- every third position and the last one, out of order with a repeat left out
+        local at = {}
+        for p = B * S - 1, 0, -3 do at[#at + 1] = p end
+        local pos = lunar.tensor(at, {dtype = 'i64'})
+        local rng = lunar.core.rng_new(11)
+        local dlp, dh = lunar.randn(#at, {rng = rng}), lunar.randn(#at, {rng = rng})
+        -- full: the same upstream gradients scattered onto (B, T)
+        model:zero_grad()
+        local full = model:forward(batch, {logprobs = true, entropy = true, temperature = temp})
+        local dlp_full, dh_full = lunar.zeros(B * S), lunar.zeros(B * S)
+        ops.index_add_(dlp_full, 1, pos, dlp)
+        ops.index_add_(dh_full, 1, pos, dh)
+        model:backward{dlogprobs = dlp_full:view(B, S), dentropy = dh_full:view(B, S)}
+        local g_full = clone_all(model:gradients())
+        model:zero_grad()
+        local part = model:forward(batch, {logprobs = true, entropy = true, temperature = temp, head_positions = pos})
+        T.equal(part.logprobs:size(), {#at}, case .. ': logprobs shape')
+        T.close(part.logprobs, ops.index_select(full.logprobs:contiguous():view(B * S), 1, pos),
+            {rtol = 1e-6, atol = 1e-6, msg = case .. ': logprobs'})
+        T.close(part.entropy, ops.index_select(full.entropy:contiguous():view(B * S), 1, pos),
+            {rtol = 1e-6, atol = 1e-6, msg = case .. ': entropy'})
+        model:backward{dlogprobs = dlp, dentropy = dh}
+        local g_part, n = model:gradients(), 0
+        for name, g in pairs(g_full) do
+            T.close(g_part[name], g, {rtol = 1e-4, atol = 1e-6, msg = case .. ': ' .. name})
+            n = n + 1
+        end
+        assert(n > 10, 'gradients compared: ' .. n)
+        T.raises(function() model:forward(batch, {logprobs = true, head_positions = lunar.tensor({B * S}, {dtype = 'i64'})}) end,
+            'head_positions holds ' .. B * S .. ', outside')
+        T.raises(function() model:forward(batch, {logprobs = true, head_positions = lunar.tensor({0})}) end,
+            'head_positions must be an i64 vector')
+    end
+end)
+
+T:test('a packed row longer than index_topk of documents no longer than it = the documents alone', function()
+    -- glm5_dsa's index_topk against documents of index_topk tokens at most, packed into one row
+    -- longer than it: the row skips the indexer (every visible key is selected) and gives each
+    -- document's logprobs as a forward of that document alone
+    local model = lunar.model.load(ROOT .. 'glm5_dsa')
+    local k = model.cfg.index_topk
+    local lens, ids, cu = {k, k - 3, 5}, {}, {0}
+    local docs = {}
+    for d, n in ipairs(lens) do
+        local doc = {}
+        for i = 1, n do doc[i] = 1 + (d * 7919 + i * 104729) % (model.cfg.vocab_size - 2); ids[#ids + 1] = doc[i] end
+        docs[d] = doc
+        cu[#cu + 1] = #ids
+    end
+    assert(#ids > k, 'the row is longer than index_topk')
+    local row = lunar.tensor({ids}, {dtype = 'i64'})
+    local packed = model:forward({input_ids = row, labels = row, cu_seqlens = lunar.tensor(cu, {dtype = 'i64'})},
+        {logprobs = true, keep = false}).logprobs:view(#ids):tolist_flat()
+    for d, doc in ipairs(docs) do
+        local one = lunar.tensor({doc}, {dtype = 'i64'})
+        local alone = model:forward({input_ids = one, labels = one}, {logprobs = true, keep = false}).logprobs
+        T.close(lunar.tensor({unpack(packed, cu[d] + 1, cu[d + 1])}),
+            alone:view(#doc), {rtol = 1e-5, atol = 1e-5, msg = 'document ' .. d})
+    end
+end)
+
 T:test('misuse: one clear error each', function()
     local model, batch = load_case('glm4moe')
     local B, S = batch.input_ids:size(1), batch.input_ids:size(2)

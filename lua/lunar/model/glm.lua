@@ -200,11 +200,30 @@ function Model:prepare(batch)
         for layer, idx in pairs(batch.routing) do routing[layer] = on(idx, dev) end
     end
     if self.inv_freq:device() ~= dev then self.inv_freq = self.inv_freq:to(dev) end
+    -- the longest packed document: a DSA layer whose documents all fit in index_topk selects
+    -- every visible key, whatever the row's length
+    local longest_doc
+    if cu then
+        longest_doc = 0
+        for _, row in ipairs(tensor.is_tensor(cu) and {cu} or cu) do
+            local c = row:tolist_flat()
+            for d = 2, #c do longest_doc = math.max(longest_doc, c[d] - c[d - 1]) end
+        end
+    end
+    local mask = batch.block_mask
+    if mask ~= nil then
+        if not tensor.is_tensor(mask) or mask:dim() ~= 3 or mask:size(1) ~= B or mask:size(2) ~= T or mask:size(3) ~= T then
+            fail(('forward: batch.block_mask must be the (%d, %d, %d) mask nn.masks.build makes for this batch'):format(B, T, T))
+        end
+        mask = on(mask, dev)
+    else
+        mask = nn.masks.build{B = B, T = T, attention_mask = am, cu_seqlens = cu, device = dev}
+    end
     return {
         B = B, T = T, N = B * T, ids = ids:contiguous():view(B * T):to('i64'), input_ids = ids,
         labels = on(batch.labels, dev), routing = routing,
         positions = positions:to('i64'), attention_mask = am, cu_seqlens = cu,
-        mask = nn.masks.build{B = B, T = T, attention_mask = am, cu_seqlens = cu, device = dev},
+        mask = mask, longest_doc = longest_doc,
         inv_freq = self.inv_freq, rope_scale = 1,
     }
 end
@@ -319,6 +338,22 @@ local function layer_backward(self, L, dout, s)
     return ops.add_(dx, dh), ixloss
 end
 
+-- opts.head_positions as an i64 vector on `device`, or nil: each a flat position in [0, N)
+local function head_positions(at, N, device)
+    if at == nil then return nil end
+    if not tensor.is_tensor(at) or at:dim() ~= 1 or at:dtype() ~= 'i64' then
+        fail('forward: opts.head_positions must be an i64 vector of flat positions, got '
+            .. (tensor.is_tensor(at) and ('a ' .. at:dtype() .. ' tensor of ' .. at:dim() .. ' dims') or ('a ' .. type(at))))
+    end
+    if at:numel() == 0 then fail('forward: opts.head_positions is empty') end
+    for _, p in ipairs(at:to('cpu'):tolist_flat()) do
+        if p < 0 or p >= N then
+            fail(('forward: opts.head_positions holds %d, outside the batch\'s %d positions'):format(p, N))
+        end
+    end
+    return on(at, device)
+end
+
 -- forward(batch, opts) -> out
 --   opts.loss: compute the HF loss (needs batch.labels); opts.logprobs: per-token log-probs of
 --   the targets (B, T) (0 where ignored); opts.temperature (default 1): the logits are divided
@@ -326,6 +361,9 @@ end
 --   temperature), so out.logits, the loss and the log-probs are those of the scaled logits;
 --   opts.entropy: out.entropy (B, T) f32, the entropy of each position's (scaled) token
 --   distribution, at every position; opts.mtp: also the MTP loss (out.mtp_loss);
+--   opts.head_positions: an i64 vector of P flat positions (b * T + t, 0-based): the head runs on
+--   those rows only, and out.logits (P, V), out.logprobs (P), out.entropy (P) and the loss are
+--   theirs (backward's dlogprobs and dentropy are then (P) too);
 --   opts.num_items_in_batch: loss = sum / this (HF's convention for gradient accumulation)
 --   instead of the mean over valid targets; opts.keep (default true when loss): keep what
 --   backward() needs.
@@ -337,7 +375,7 @@ function Model:forward(batch, opts)
     local x, s_emb = self.embed:forward(b.ids)
     self:_emit('model.embed_tokens', 'output', x)
     x = to_residual(self, x)
-    local saved = {emb = s_emb, layers = {}}
+    local saved = {emb = s_emb, layers = {}, N = b.N}
     local routing, topks = {}, {}
     local prev_topk
     for i, L in ipairs(self.layers) do
@@ -351,7 +389,10 @@ function Model:forward(batch, opts)
     local hidden = x
     local xf, s_norm = self.norm:forward(to_compute(self, x))
     self:_emit('model.norm', 'output', xf)
-    local logits, s_head = self.lm_head:forward(xf)
+    -- the head only where its outputs are read (RL: the positions that predict a response token)
+    local at = head_positions(opts.head_positions, b.N, xf:device())
+    if at and opts.mtp then fail('forward: opts.head_positions and opts.mtp cannot be combined') end
+    local logits, s_head = self.lm_head:forward(at and ops.index_select(xf, 1, at) or xf)
     self:_emit('lm_head', 'output', logits)
     saved.norm, saved.head = s_norm, s_head
     local temperature = opts.temperature or 1
@@ -360,29 +401,38 @@ function Model:forward(batch, opts)
     end
     -- in place: no second (N, V) tensor; at 1 the logits are untouched (the SFT path's bits)
     if temperature ~= 1 then ops.div_(logits, temperature) end
-    local out = {logits = logits:view(b.B, b.T, logits:size(2)), routing = routing, topk = topks, hidden = hidden}
+    local shape = at and {at:numel()} or {b.B, b.T}
+    local out = {logits = at and logits or logits:view(b.B, b.T, logits:size(2)), routing = routing, topk = topks,
+                 hidden = hidden}
+    saved.head_positions = at
     local want_loss = opts.loss or opts.logprobs
     if want_loss then
         local tg = self:targets(batch, b)
         if not tg then fail('forward: the loss and log-probs need batch.labels') end
+        if at then
+            -- (index_select takes float sources: the P targets are picked on the host)
+            local all, pick = tg:to('cpu'):tolist_flat(), {}
+            for i, p in ipairs(at:to('cpu'):tolist_flat()) do pick[i] = all[p + 1] end
+            tg = core.from_flat(pick, {#pick}, 'i64', tg:device())
+        end
         local loss, lp, lse = ops.cross_entropy(logits, tg)
         -- the loss value is read back once per forward (a deliberate sync), the count of valid
         -- targets only when the caller does not give num_items_in_batch
         local denom = opts.num_items_in_batch or math.max(ops.sum(ops.ne(tg, -100):float()):item(), 1)
         out.loss = ops.sum(loss):item() / denom
-        out.logprobs = lp:view(b.B, b.T)
+        out.logprobs = lp:view(shape)
         saved.ce = {logits = logits, lse = lse, targets = tg, denom = denom, temperature = temperature}
     end
     if opts.entropy then
         local lse = saved.ce and saved.ce.lse
         if not lse then
             -- no labels asked for: the log-sum-exp of each row through any valid target
-            local _, _, l = ops.cross_entropy(logits, core.empty({b.N}, 'i64', logits:device()):fill_(0))
+            local _, _, l = ops.cross_entropy(logits, core.empty({logits:size(1)}, 'i64', logits:device()):fill_(0))
             lse = l
             saved.ce = {logits = logits, lse = lse, temperature = temperature}
         end
         local H = M.entropy(logits, lse)
-        out.entropy = H:view(b.B, b.T)
+        out.entropy = H:view(shape)
         saved.entropy = H
     end
     if opts.mtp and #self.mtp > 0 then
@@ -435,7 +485,7 @@ end
 -- (B, T) or (B*T) gradient of a per-position output as an f32 (N) vector
 local function per_position(name, g, N)
     if not tensor.is_tensor(g) or g:numel() ~= N then
-        fail(('backward: %s must be a (B, T) tensor of %d elements, got %s'):format(name, N,
+        fail(('backward: %s must be a (B, T) tensor (or (P) with head_positions) of %d elements, got %s'):format(name, N,
             tensor.is_tensor(g) and ('(' .. table.concat(g:size(), ', ') .. ')') or ('a ' .. type(g))))
     end
     return g:contiguous():view(N):float()
@@ -487,6 +537,11 @@ function Model:backward(opts)
     end
     if saved.ce.temperature ~= 1 then ops.div_(dlogits, saved.ce.temperature) end
     local dx = self.lm_head:backward(dlogits, saved.head)     -- gradient of the final norm's output
+    if saved.head_positions then
+        -- rows the head did not read get no gradient
+        local full = core.empty({saved.N, dx:size(2)}, dx:dtype(), dx:device()):fill_(0)
+        dx = ops.index_add_(full, 1, saved.head_positions, dx)
+    end
     if saved.mtp and (opts.mtp_scale or 0) ~= 0 then
         local s = saved.mtp
         local d = self.mtp[1]

@@ -22,7 +22,8 @@
 --       (error if nil) and returns it; 'none': topk is nil. Every key outside the top-k is set
 --       to finfo.min in the mask, so a key is attended iff causally visible AND selected.
 --       When T <= index_topk every key is selected and the mask is used as is (and without a KL
---       loss the indexer is not even run: topk is then 0 .. T-1 for every query).
+--       loss the indexer is not even run: topk is then 0 .. T-1 for every query); the same when
+--       batch.longest_doc (packed rows: the longest document) is <= index_topk.
 --       saved.indexer_loss is the indexer KL loss (full layers with a coefficient > 0).
 --   dx, indexer_loss = attn:backward(dout, saved, need_dx)
 --       dout (N, H). Parameter gradients accumulate (+=); the indexer's parameters get only the
@@ -142,6 +143,11 @@ function MLA:forward(x, batch, prev_topk)
             -- computed: topk[b, s] = 0 .. T-1 (HF returns the same set in score order)
             topk = lunar_core.empty({B, T, T}, 'i64', x:device())
             topk:copy_(lunar_core.empty({1, 1, T}, 'i64', x:device()):arange_(0, 1):expand({B, T, T}))
+        elseif batch.longest_doc and batch.longest_doc <= self.index_topk and not kl then
+            -- a packed row of documents that all fit in index_topk: each query sees at most
+            -- index_topk keys (its own document's), so it selects every key it sees, as above; the
+            -- selection is the mask itself (an (B, T, T) view of 0 .. T-1, no per-query list)
+            topk = lunar_core.empty({1, 1, T}, 'i64', x:device()):arange_(0, 1):expand({B, T, T})
         else
             topk, isaved = self.indexer:forward(x, q_resid, batch, {keep = kl, scores = kl})
             if kl then saved.isaved = isaved end
