@@ -172,7 +172,7 @@ local function step_of(step)
         routing = run.moe, replay = rl.routing_replay, experts_per_token = run.mcfg.num_experts_per_tok,
         moe_layers = run.moe_layers})
     local t_build = lunar.clock()
-    in_phase('old_logprobs', policy.old_logprobs, run, minis)
+    local old = in_phase('old_logprobs', policy.old_logprobs, run, minis)
     local scores = {}
     for _, g in ipairs(groups) do for _, s in ipairs(g.samples) do scores[#scores + 1] = s.reward end end
     local adv = advantages.compute(scores, rl.n, {estimator = rl.advantage, std_normalize = rl.std_normalize,
@@ -181,7 +181,7 @@ local function step_of(step)
     for _, g in ipairs(groups) do for _, s in ipairs(g.samples) do i = i + 1; s.advantage = adv[i] end end
     rlbatch.set_advantages(minis)
     local t_old, c_old = lunar.clock(), cpu_seconds()
-    local upd = in_phase('train', policy.update, run, minis, function(mb) return mb.advantages end)
+    local upd = in_phase('train', policy.update, run, minis, function(mb) return mb.advantages end, old)
     local t_end, c_end = lunar.clock(), cpu_seconds()
     local correct = 0
     for _, s in ipairs(scores) do correct = correct + s end

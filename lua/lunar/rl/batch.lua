@@ -7,7 +7,9 @@
 --   --   mb.batch   the model's batch: input_ids (1, T), labels (1, T) (prompt tokens -100),
 --   --              cu_seqlens (S + 1), routing {[layer] = (T, K) i64} (opts.replay: the
 --   --              routes generation recorded; without replay they are mb.recorded)
---   --   mb.index   (S, R) i64: the packed position whose logprob is each response token's
+--   --   mb.positions (P) i64: the packed positions that predict a response token, in order (the
+--   --              forwards run the model's head on these rows only: opts.head_positions)
+--   --   mb.index   (S, R) i64: each response token's logprob's place in mb.positions' outputs
 --   --   mb.mask    (S, R) f32: 1 at a response token that trains, 0 at padding and at the
 --   --              tokens of a sample that trains nothing
 --   --   mb.advantages (S) f32: each sample's advantage (set_advantages, once they are known)
@@ -37,22 +39,25 @@ local function micro(samples, opts)
         if #s.ids > R then R = #s.ids end
     end
     local T, S = #ids, #samples
-    local index, mask = {}, {}
+    local index, mask, positions = {}, {}, {}
     for i, s in ipairs(samples) do
         local at = cu[i] + #s.prompt_ids - 1
         for j = 1, R do
             local k = (i - 1) * R + j
             if j <= #s.ids then
-                index[k], mask[k] = at + j - 1, s.train and 1 or 0
+                positions[#positions + 1] = at + j - 1
+                index[k], mask[k] = #positions - 1, s.train and 1 or 0
             else
                 index[k], mask[k] = 0, 0
             end
         end
     end
-    local mb = {samples = samples, S = S, R = R, T = T,
+    if #positions == 0 then error('rl.batch: a micro-batch of samples without a response token', 2) end
+    local mb = {samples = samples, S = S, R = R, T = T, P = #positions,
         batch = {input_ids = core.from_flat(ids, {1, T}, 'i64', 'cpu'),
                  labels = core.from_flat(labels, {1, T}, 'i64', 'cpu'),
                  cu_seqlens = core.from_flat(cu, {S + 1}, 'i64', 'cpu')},
+        positions = core.from_flat(positions, {#positions}, 'i64', 'cpu'),
         index = core.from_flat(index, {S * R}, 'i64', 'cpu'),
         mask = core.from_flat(mask, {S, R}, 'f32', 'cpu')}
     if opts.routing then

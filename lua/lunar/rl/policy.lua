@@ -16,22 +16,38 @@ local core = require 'lunar.core'
 local ops = lunar.ops
 local loss = require 'lunar.rl.loss'
 local lora = require 'lunar.nn.lora'
+local masks = require 'lunar.nn.masks'
 
 local M = {}
 
--- (S, R) of the packed (1, T) per-position values at each response token
+-- (S, R) of the (P) values a forward gave at mb.positions, at each response token
 local function gather(mb, values)
-    return ops.index_select(values:view(mb.T), 1, mb.index):view(mb.S, mb.R)
+    return ops.index_select(values:view(mb.P), 1, mb.index):view(mb.S, mb.R)
 end
 
--- the (1, T) gradient of per-position values from the (S, R) gradient of the gathered ones
+-- the (P) gradient of those values from the (S, R) gradient of the gathered ones
 local function scatter(mb, grad)
-    local out = core.empty({mb.T}, 'f32', grad:device()):fill_(0)
+    local out = core.empty({mb.P}, 'f32', grad:device()):fill_(0)
     ops.index_add_(out, 1, mb.index, ops.mul(grad, mb.mask):contiguous():view(mb.S * mb.R))
-    return out:view(1, mb.T)
+    return out
 end
 
 local function on(t, dev) if t:device() ~= dev then return t:to(dev) end return t end
+
+-- fn(mb) with the micro-batch's packed-row mask built once for the forwards it makes (inside the
+-- caller's scope, which frees it)
+local function with_mask(model, mb, fn)
+    mb.batch.block_mask = masks.build{B = 1, T = mb.T, cu_seqlens = mb.batch.cu_seqlens, device = model:device()}
+    local ok, err = pcall(fn, mb)
+    mb.batch.block_mask = nil
+    if not ok then error(err, 0) end
+end
+
+-- a forward of one micro-batch whose head runs at its response positions only
+local function forward(model, mb, opts)
+    opts.head_positions = mb.positions
+    return model:forward(mb.batch, opts)
+end
 
 -- fn() with the model's adapters set aside (the LoRA reference policy)
 local function without_adapters(model, fn)
@@ -47,51 +63,72 @@ end
 
 -- logprobs (S, R) of one micro-batch under `model` (no backward kept)
 local function logprobs_of(model, mb, temperature)
-    local out = model:forward(mb.batch, {logprobs = true, temperature = temperature, keep = false})
+    local out = forward(model, mb, {logprobs = true, temperature = temperature, keep = false})
     return gather(mb, out.logprobs)
 end
 
--- old_logprobs(run, minis): mb.old (and mb.ref when the KL term is on) for every micro-batch;
--- returns the rollout/training logprob gap: mean |rollout - old| over the trained tokens, and
--- the router agreement when routes are recorded but not replayed
+-- mb.old from a forward of the policy before any update (`out`), and what it says of the rollout:
+-- the rollout/training logprob gap and, when routes are recorded but not replayed, the router
+-- agreement, summed into `acc`
+local function record_old(acc, mb, out)
+    mb.old = gather(mb, out.logprobs)
+    core.scope_keep(mb.old)
+    -- the rollout's logprobs of the same tokens
+    local flat = {}
+    for i, s in ipairs(mb.samples) do
+        for j = 1, mb.R do flat[(i - 1) * mb.R + j] = s.logprobs[j] or 0 end
+    end
+    mb.rollout = core.from_flat(flat, {mb.S, mb.R}, 'f32', 'cpu')
+    core.scope_keep(mb.rollout)
+    local diff = ops.mul(ops.abs(ops.sub(on(mb.old, 'cpu'), mb.rollout)), mb.mask)
+    acc.gap_sum = acc.gap_sum + ops.sum(diff):item()
+    acc.gap_n = acc.gap_n + ops.sum(mb.mask):item()
+    acc.gap_max = math.max(acc.gap_max, ops.max(diff):item())
+    if mb.recorded then
+        local a, n = M.router_agreement(mb, out.routing)
+        acc.agree, acc.routed = acc.agree + a, acc.routed + n
+    end
+end
+
+-- old_logprobs(run, minis) -> acc: mb.ref (when the KL term is on) for every micro-batch and mb.old
+-- for those of every mini-batch but the first: the policy has not changed yet when the first
+-- mini-batch trains, so its training forward gives its old logprobs (the same forward, the same
+-- bits: the ratio there is exactly 1) and one forward of it is saved. With the KL in the reward
+-- every mb.old is needed before the advantages, so all are computed here. stats(acc) gives the
+-- rollout/training gap once the update has run.
 function M.old_logprobs(run, minis)
     local cfg, model = run.cfg, run.model
     local T = cfg.rollout.temperature
-    local gap_sum, gap_n, max_gap = 0, 0, 0
-    local agree, routed = 0, 0
+    local acc = {gap_sum = 0, gap_n = 0, gap_max = 0, agree = 0, routed = 0}
+    local defer = not cfg.rl.kl_in_reward
     if run.adapters then run.adapters:eval() end
-    for _, mini in ipairs(minis) do
+    for m, mini in ipairs(minis) do
         for _, mb in ipairs(mini.micro) do
-            lunar.scope(function()
-                local out = model:forward(mb.batch, {logprobs = true, temperature = T, keep = false})
-                mb.old = gather(mb, out.logprobs)
-                core.scope_keep(mb.old)
-                -- the rollout's logprobs of the same tokens
-                local flat = {}
-                for i, s in ipairs(mb.samples) do
-                    for j = 1, mb.R do flat[(i - 1) * mb.R + j] = s.logprobs[j] or 0 end
-                end
-                mb.rollout = core.from_flat(flat, {mb.S, mb.R}, 'f32', 'cpu')
-                core.scope_keep(mb.rollout)
-                local old = on(mb.old, 'cpu')
-                local diff = ops.mul(ops.abs(ops.sub(old, mb.rollout)), mb.mask)
-                gap_sum = gap_sum + ops.sum(diff):item()
-                gap_n = gap_n + ops.sum(mb.mask):item()
-                max_gap = math.max(max_gap, ops.max(diff):item())
-                if mb.recorded then
-                    local a, n = M.router_agreement(mb, out.routing)
-                    agree, routed = agree + a, routed + n
-                end
-                if run.ref_policy then
-                    mb.ref = run.ref_policy(mb)
-                    core.scope_keep(mb.ref)
-                end
-            end)
+            mb.old_pending = defer and m == 1 or nil
+            if not mb.old_pending or run.ref_policy then
+                lunar.scope(function()
+                    with_mask(model, mb, function()
+                        if not mb.old_pending then
+                            record_old(acc, mb, forward(model, mb, {logprobs = true, temperature = T, keep = false}))
+                        end
+                        if run.ref_policy then
+                            mb.ref = run.ref_policy(mb)
+                            core.scope_keep(mb.ref)
+                        end
+                    end)
+                end)
+            end
         end
     end
     if run.adapters then run.adapters:train() end
-    return {gap = gap_n > 0 and gap_sum / gap_n or 0, gap_max = max_gap,
-            router_agreement = routed > 0 and agree / routed or nil}
+    return acc
+end
+
+-- the rollout/training logprob gap (mean |rollout - old| over the trained tokens, and its max)
+-- and the router agreement (routes recorded, not replayed) of a step's old_logprobs and update
+function M.stats(acc)
+    return {gap = acc.gap_n > 0 and acc.gap_sum / acc.gap_n or 0, gap_max = acc.gap_max,
+            router_agreement = acc.routed > 0 and acc.agree / acc.routed or nil}
 end
 
 -- KL in the reward (rl-algorithms 1.4): each sample's reward loses kl_coef times the sum over
@@ -143,7 +180,7 @@ function M.router_agreement(mb, routing)
 end
 
 -- one mini-batch: forward + backward of its micro-batches, one optimizer step -> its stats
-local function mini_step(run, mini, advantages_of)
+local function mini_step(run, mini, advantages_of, acc)
     local cfg, model = run.cfg, run.model
     local rl = cfg.rl
     local masks = {}
@@ -158,11 +195,15 @@ local function mini_step(run, mini, advantages_of)
     local want_entropy = true
     local total, sums, counts = 0, {}, {}
     for _, mb in ipairs(mini.micro) do
-        lunar.scope(function()
+        lunar.scope(function() with_mask(model, mb, function()
             local dev = model:device()
-            local out = model:forward(mb.batch, {logprobs = true, entropy = want_entropy,
+            local out = forward(model, mb, {logprobs = true, entropy = want_entropy,
                 temperature = cfg.rollout.temperature})
             local lp = gather(mb, out.logprobs)
+            if mb.old_pending then                 -- the policy's first update: these are the old ones
+                record_old(acc, mb, out)
+                mb.old_pending = nil
+            end
             local ent = out.entropy and gather(mb, out.entropy) or nil
             local inputs = {logprobs = lp, old_logprobs = on(mb.old, dev), advantages = on(advantages_of(mb), dev),
                             mask = on(mb.mask, dev), entropy = ent,
@@ -178,7 +219,7 @@ local function mini_step(run, mini, advantages_of)
             end
             model:backward({dlogprobs = scatter(mb, grads.dlogprobs),
                             dentropy = grads.dentropy and scatter(mb, grads.dentropy) or nil})
-        end)
+        end) end)
     end
     local info = run.opt:step{loss = total, micro_batches = 1}
     run.opt:zero_grad()
@@ -187,13 +228,15 @@ local function mini_step(run, mini, advantages_of)
     return stats
 end
 
--- update(run, minis, advantages_of) -> the step's stats: means over its optimizer steps
-function M.update(run, minis, advantages_of)
+-- update(run, minis, advantages_of, old) -> the step's stats: means over its optimizer steps
+-- (old: what old_logprobs returned, which the first mini-batch's old logprobs complete)
+function M.update(run, minis, advantages_of, old)
+    old = old or {gap_sum = 0, gap_n = 0, gap_max = 0, agree = 0, routed = 0}
     local acc, n = {}, 0
     local last
     for _ = 1, run.cfg.rl.epochs do
         for _, mini in ipairs(minis) do
-            local s = mini_step(run, mini, advantages_of)
+            local s = mini_step(run, mini, advantages_of, old)
             n = n + 1
             for k, v in pairs(s) do if type(v) == 'number' then acc[k] = (acc[k] or 0) + v end end
             if s.skipped then acc.skipped_steps = (acc.skipped_steps or 0) + 1 end

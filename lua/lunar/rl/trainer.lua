@@ -218,13 +218,14 @@ local function run_step(run, step)
     local minis = rlbatch.build(groups, {mini_batches = math.min(rl.mini_batches, math.max(#groups, 1)),
         micro_batch = rl.micro_batch, routing = run.moe, replay = rl.routing_replay,
         experts_per_token = run.mcfg.num_experts_per_tok, moe_layers = run.moe_layers})
-    local old = policy.old_logprobs(run, minis)                            -- old (and reference) logprobs, once
+    local old = policy.old_logprobs(run, minis)                            -- reference and old logprobs, once
     if rl.kl_in_reward and run.ref_policy then policy.kl_into_rewards(minis, rl) end
     assign_advantages(groups, rl)                                          -- per sample, within its group
     rlbatch.set_advantages(minis)
     local t_old = lunar.clock()
-    local upd = #minis > 0 and policy.update(run, minis, function(mb) return mb.advantages end) or {}
+    local upd = #minis > 0 and policy.update(run, minis, function(mb) return mb.advantages end, old) or {}
     local t_end = lunar.clock()
+    old = policy.stats(old)
     local rs = rollout_stats(gen.all, cfg.rollout.max_new_tokens)
     local extra = {reward_mean = rs.reward_mean, reward_std = rs.reward_std, accuracy = rs.accuracy,
         response_len_mean = rs.response_len_mean, response_len_max = rs.response_len_max,
