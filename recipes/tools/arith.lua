@@ -2,11 +2,16 @@
 -- one or two operations (+, -, x) on small numbers, a worked solution of one equation a line,
 -- then "#### N". A tiny model learns the format from a short SFT warm-up but gets the arithmetic
 -- right only part of the time, so sampled answers differ in correctness: the signal GRPO and
--- DAPO learn from. `direct` makes some of the warm-up's rows give the final line alone (the
--- shipped files have none). recipes/tools/make_arith.lua writes the shipped files with it.
+-- DAPO learn from. `say` makes a fraction of the warm-up's rows (one per story, or one for all)
+-- end in "The answer is N." instead of "#### N": the GSM8K graders read only the latter, so the
+-- warm-up's model answers in a format that scores in some stories and mostly in one that does not
+-- in the others, and RL has a format to find as well as sums to get right (the shipped files: 70%
+-- "#### N" for the one-step sums and differences, 30% for the rest). `direct` makes some rows
+-- give the final line alone (the shipped files have none). recipes/tools/make_arith.lua writes
+-- the shipped files with it.
 --
 --   local arith = dofile('recipes/tools/arith.lua')
---   local sets = arith.generate({seed = 1, test = 200, sft = 3000, train = 4000, direct = 0})
+--   local sets = arith.generate({seed = 1, test = 200, sft = 3000, train = 4000, direct = 0, say = 0.5})
 --   -- sets.test[i] = {question =, answer = "7 + 5 = 12\n12 - 3 = 9\n#### 9", result = 9}
 --   arith.user_prompt(sets.test[1].question)   -- the question with the GSM8K instruction
 --
@@ -96,7 +101,8 @@ end
 
 -- one problem from the stream, or nil when the drawn numbers do not make a sensible one
 local function draw(s)
-    local story = s.pick(STORIES)
+    local which = s.int(1, #STORIES)
+    local story = STORIES[which]
     local v = {}
     for _, name in ipairs({'a', 'b', 'c'}) do
         local range = story.draw[name]
@@ -116,7 +122,7 @@ local function draw(s)
     local question = story.text:gsub('{(%a)}', function(k) return tostring(fields[k]) end)
     local result = results[#results]
     lines[#lines + 1] = ('#### %d'):format(result)
-    return {question = question, answer = table.concat(lines, '\n'), result = result}
+    return {question = question, answer = table.concat(lines, '\n'), result = result, story = which}
 end
 
 -- opts: seed, the size of each set (test, sft, train), and direct: the fraction of the SFT rows
@@ -129,7 +135,25 @@ function M.generate(opts)
     if type(direct) ~= 'number' or not (direct >= 0 and direct <= 1) then
         error(('arith: direct must be a fraction in [0, 1], got %s'):format(tostring(opts.direct)), 2)
     end
+    -- say: one fraction, or one per story (in STORIES' order)
+    local say = opts.say or 0
+    if type(say) == 'number' then
+        local one = say
+        say = {}
+        for i = 1, #STORIES do say[i] = one end
+    end
+    local function fraction(x) return type(x) == 'number' and x >= 0 and x <= 1 end
+    local ok = type(say) == 'table' and #say == #STORIES
+    for i = 1, #STORIES do ok = ok and fraction(say[i]) end
+    if not ok then
+        error(('arith: say must be a fraction in [0, 1] or a list of %d (one per story), got %s'):format(#STORIES,
+            type(opts.say) == 'table' and ('a list of ' .. #opts.say) or tostring(opts.say)), 2)
+    end
+    local any_say = false
+    for i = 1, #STORIES do any_say = any_say or say[i] > 0 end
     local s = stream(opts.seed)
+    -- the answer formats from a stream of their own: the problems of every set stay the same
+    local formats = stream(opts.seed % (MODULUS - 1) + 1)
     local seen, sets = {}, {}
     for _, name in ipairs({'test', 'sft', 'train'}) do
         local n = opts[name]
@@ -147,12 +171,21 @@ function M.generate(opts)
                 seen[p.question] = true
                 -- (direct = 0 draws nothing here: the problems do not depend on the option then)
                 if name == 'sft' and direct > 0 then p.direct = s.int(1, 1000) <= direct * 1000 end
+                if name == 'sft' and any_say then p.say = formats.int(1, 1000) <= say[p.story] * 1000 end
                 set[#set + 1] = p
             end
         end
         sets[name] = set
     end
     return sets
+end
+
+-- the warm-up's answer to a problem: worked out or direct, ending in "#### N" or, for a row drawn
+-- with `say`, in "The answer is N." (which the GSM8K graders do not read)
+function M.sft_answer(p)
+    local last = p.say and ('The answer is %d.'):format(p.result) or ('#### %d'):format(p.result)
+    if p.direct then return last end
+    return (p.answer:gsub('#### %d+$', function() return last end))
 end
 
 -- The shipped files' names and texts (JSONL, one row a line, keys in this order):
@@ -172,7 +205,7 @@ function M.files(sets)
     for i, p in ipairs(sets.sft) do
         local messages = pyjson.array({
             pyjson.object({{'role', 'user'}, {'content', M.user_prompt(p.question)}}),
-            pyjson.object({{'role', 'assistant'}, {'content', p.direct and ('#### %d'):format(p.result) or p.answer}})})
+            pyjson.object({{'role', 'assistant'}, {'content', M.sft_answer(p)}})})
         chat[i] = pyjson.dumps(pyjson.object({{'id', ('arith-sft-%d'):format(i - 1)}, {'messages', messages}})) .. '\n'
     end
     return {
@@ -183,6 +216,7 @@ function M.files(sets)
 end
 
 -- the settings the shipped files were made with (recipes/tools/make_arith.lua's defaults)
-M.SHIPPED = {seed = 1, test = 200, sft = 3000, train = 4000, direct = 0}
+M.SHIPPED = {seed = 1, test = 200, sft = 3000, train = 4000, direct = 0,
+              say = {0.3, 0.3, 0.7, 0.3, 0.3, 0.7, 0.7, 0.7, 0.7, 0.7}}
 
 return M

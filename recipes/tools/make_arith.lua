@@ -3,6 +3,7 @@
 -- training prompts, none shared between sets.
 --
 --   lunar recipes/tools/make_arith.lua [seed=1] [test=200] [sft=3000] [train=4000] [direct=0]
+--       [say=F or say=[F1,...,F10]]
 --       [out=examples/data/rl]
 --
 -- The defaults are the shipped files' settings (tests/lua/test_rl_arith.lua regenerates them and
@@ -12,10 +13,10 @@ local here = (arg and arg[0] or 'recipes/tools/make_arith.lua'):match('^(.*/)') 
 local arith = dofile(here .. 'arith.lua')
 
 local opts = {seed = arith.SHIPPED.seed, test = arith.SHIPPED.test, sft = arith.SHIPPED.sft,
-              train = arith.SHIPPED.train, direct = arith.SHIPPED.direct, out = here .. '../../examples/data/rl'}
+              train = arith.SHIPPED.train, direct = arith.SHIPPED.direct, say = arith.SHIPPED.say, out = here .. '../../examples/data/rl'}
 for k, v in pairs(lunar.config.overrides()) do
     if opts[k] == nil then
-        error(('make_arith: unknown option %q (known: direct, out, seed, sft, test, train)'):format(tostring(k)), 0)
+        error(('make_arith: unknown option %q (known: direct, out, say, seed, sft, test, train)'):format(tostring(k)), 0)
     end
     opts[k] = v
 end

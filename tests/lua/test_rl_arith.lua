@@ -1,8 +1,9 @@
 -- test_rl_arith.lua: the tiny RL task's problems (recipes/tools/arith.lua) and its shipped files
 -- (examples/data/rl/): a seed gives the same problems every time and another seed others; every
 -- answer is the one a separate solver reads off the question's words, and every line of its
--- worked solution is right; the warm-up's rows are right too, direct in the fraction asked; the shipped files are the generator's output for their settings,
--- byte for byte; no question is in two sets; the held-out set loads as the evaluation's `arith`
+-- worked solution is right; the warm-up's rows are right too, direct and ending in "The answer is
+-- N." in the fractions asked (the formats drawn apart from the problems); the shipped files are
+-- the generator's output for their settings, byte for byte; no question is in two sets; the held-out set loads as the evaluation's `arith`
 -- dataset, graded by skyrl_gsm8k.
 local arith = dofile('recipes/tools/arith.lua')
 local evaluate = require 'lunar.eval.run'
@@ -126,10 +127,21 @@ T:test('the shipped files are the generator output for their settings', function
     end
 end)
 
+-- the story (index into arith.STORIES) a question was drawn from
+local function story_of(q)
+    for i, st in ipairs(arith.STORIES) do
+        local pat = st.text:gsub('[%.%?]', '%%%0'):gsub('{[NPFI]}', '%%a+'):gsub('{[abc]}', '%%d+')
+        if q:match('^' .. pat .. '$') then return i end
+    end
+    error('no story for the question: ' .. q)
+end
+
 -- the warm-up's chat rows in `text`: the question with the instruction, then a right answer,
--- direct ("#### N") in about the fraction `direct` of the rows, else worked
-local function check_warmup_rows(text, want_rows, direct_fraction)
+-- direct ("#### N") in about the fraction `direct` of the rows, else worked; the final line "The
+-- answer is N." instead of "#### N" in about the fraction say[story] of each story's rows
+local function check_warmup_rows(text, want_rows, direct_fraction, say)
     local direct, rows = 0, 0
+    local said, want_said = 0, 0
     for line in text:gmatch('[^\n]+') do
         local row = require('lunar').io.decode_json(line)
         rows = rows + 1
@@ -139,6 +151,15 @@ local function check_warmup_rows(text, want_rows, direct_fraction)
         local q = row.messages[1].content:sub(1, #row.messages[1].content - #arith.INSTRUCTION - 1)
         same(arith.user_prompt(q), row.messages[1].content, 'sft row ' .. rows .. ' ends with the instruction')
         local answer = row.messages[2].content
+        local story = story_of(q)
+        local fraction = type(say) == 'table' and say[story] or say or 0
+        want_said = want_said + fraction
+        local n = answer:match('The answer is (%d+)%.$')
+        if n then
+            assert(fraction > 0, 'a "The answer is" row of a story whose fraction is 0: ' .. answer)
+            said = said + 1
+            answer = answer:gsub('The answer is %d+%.$', '#### ' .. n)
+        end
         if answer:find('\n', 1, true) then
             check_problem({question = q, answer = answer})
         else
@@ -149,15 +170,27 @@ local function check_warmup_rows(text, want_rows, direct_fraction)
     same(rows, want_rows, 'sft rows')
     local want = direct_fraction * rows
     assert(math.abs(direct - want) <= 0.05 * rows, ('%d direct rows, about %d expected'):format(direct, want))
+    assert(math.abs(said - want_said) <= 0.05 * rows, ('%d "The answer is" rows, about %d expected'):format(said,
+        want_said))
 end
 
 T:test('the warm-up rows: the question with the instruction, a right answer, direct or worked', function()
-    check_warmup_rows(read(DIR .. '/arith_sft_chat.jsonl'), arith.SHIPPED.sft, arith.SHIPPED.direct)
-    for _, direct in ipairs({0.5, 1}) do
-        local files = arith.files(arith.generate({seed = 3, test = 10, sft = 400, train = 10, direct = direct}))
+    check_warmup_rows(read(DIR .. '/arith_sft_chat.jsonl'), arith.SHIPPED.sft, arith.SHIPPED.direct, arith.SHIPPED.say)
+    for _, case in ipairs({{direct = 0.5, say = 0}, {direct = 1, say = 0}, {direct = 0.3, say = 0.5},
+                           {direct = 0, say = {1, 0, 1, 0, 1, 0, 1, 0, 1, 0}}}) do
+        local files = arith.files(arith.generate({seed = 3, test = 10, sft = 400, train = 10, direct = case.direct,
+            say = case.say}))
         for _, file in ipairs(files) do
-            if file.name == 'arith_sft_chat.jsonl' then check_warmup_rows(file.text, 400, direct) end
+            if file.name == 'arith_sft_chat.jsonl' then check_warmup_rows(file.text, 400, case.direct, case.say) end
         end
+    end
+end)
+
+T:test('the answer formats do not change the problems', function()
+    local plain = arith.generate({seed = 5, test = 30, sft = 60, train = 40})
+    local mixed = arith.generate({seed = 5, test = 30, sft = 60, train = 40, say = 0.5})
+    for _, set in ipairs({'test', 'sft', 'train'}) do
+        for i = 1, #plain[set] do same(mixed[set][i].question, plain[set][i].question, set .. ' question ' .. i) end
     end
 end)
 
@@ -200,6 +233,8 @@ T:test('bad settings are errors naming them', function()
     assert(not ok and tostring(err):find('seed must be an integer', 1, true), tostring(err))
     ok, err = pcall(arith.generate, {seed = 1, test = 1, sft = 1, train = 1, direct = 1.5})
     assert(not ok and tostring(err):find('direct must be a fraction', 1, true), tostring(err))
+    ok, err = pcall(arith.generate, {seed = 1, test = 1, sft = 1, train = 1, say = {0.5, 0.5}})
+    assert(not ok and tostring(err):find('say must be a fraction in [0, 1] or a list of 10', 1, true), tostring(err))
     ok, err = pcall(arith.generate, {seed = 1, test = -1, sft = 1, train = 1})
     assert(not ok and tostring(err):find('test must be a count', 1, true), tostring(err))
 end)
