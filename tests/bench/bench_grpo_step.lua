@@ -47,6 +47,7 @@ local run = {cfg = cfg, mcfg = base.model_config(cfg)}
 run.tok = lunar.tokenizer.load(cfg.tokenizer)
 run.reward = rewards.get(rl.reward)
 local set = prompts_mod.load(cfg.data.train, {tokenizer = run.tok, reward = rl.reward, template = cfg.data.template,
+    enable_thinking = cfg.rollout.enable_thinking,
     prompt_field = cfg.data.prompt_field, answer_field = cfg.data.answer_field,
     max_prompt_len = cfg.rollout.max_prompt_len, limit = P})
 assert(#set.problems == P, 'the first prompts of data.train are all shorter than rollout.max_prompt_len')

@@ -59,7 +59,7 @@ suffix = ' Let\'s think step by step and output the final answer after "####".'
 prompts = []
 for p in meta["prompts"]:
     enc = tok.apply_chat_template([{"role": "user", "content": p["question"] + suffix}], add_generation_prompt=True,
-                                  tokenize=True)
+                                  tokenize=True, enable_thinking=bool(ro["enable_thinking"]))
     ids = list(enc["input_ids"]) if hasattr(enc, "keys") else list(enc)
     if ids != p["ids"]:
         sys.exit("the chat template's ids differ from lunar.chat's for " + repr(p["question"][:60]))
@@ -190,7 +190,7 @@ class Side:
     """one implementation's process, running a step each time it is asked"""
 
     def __init__(self, name, cmd, env, log):
-        self.name = name
+        self.name, self.log = name, log
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                                      text=True)
         self.read("ready")
@@ -199,7 +199,10 @@ class Side:
         line = self.proc.stdout.readline()
         if not line:
             self.proc.wait()
-            sys.exit(f"the {self.name} run failed (exit {self.proc.returncode}); see its log")
+            self.log.flush()
+            with open(self.log.name) as f:
+                tail = f.read()[-3000:]
+            sys.exit(f"the {self.name} run failed (exit {self.proc.returncode}); the end of its log:\n{tail}")
         if want is not None:
             if line.strip() != want:
                 sys.exit(f"the {self.name} run said {line.strip()!r}, expected {want!r}")
