@@ -54,10 +54,21 @@ static int l_cross_entropy_backward(lua_State *L) {
     return 1;
 }
 
+/* core.ops.entropy_forward(entropy, logits, lse) -> entropy */
+static int l_entropy_forward(lua_State *L) {
+    lunar_tensor *entropy = lunar_lua_check_tensor(L, 1);
+    lunar_tensor *logits = lunar_lua_check_tensor(L, 2);
+    lunar_tensor *lse = lunar_lua_check_tensor(L, 3);
+    lunar_lua_check_status(L, lunar_entropy_forward(lunar_lua_ctx(L), entropy, logits, lse));
+    lua_settop(L, 1);
+    return 1;
+}
+
 void lunar_lua_ops_softmax(lua_State *L) {
     static const luaL_Reg fns[] = {
         {"softmax_forward", l_softmax_forward}, {"softmax_backward", l_softmax_backward},
         {"cross_entropy_forward", l_cross_entropy_forward}, {"cross_entropy_backward", l_cross_entropy_backward},
+        {"entropy_forward", l_entropy_forward},
         {NULL, NULL},
     };
     lunar_lua_setfuncs(L, fns);

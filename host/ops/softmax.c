@@ -151,3 +151,32 @@ lunar_status lunar_cross_entropy_backward(lunar_ctx *ctx, lunar_tensor *dlogits,
     if (n == 0) return prep_end(&p, LUNAR_OK);
     return prep_end(&p, p.be->cross_entropy_backward(ctx, &dlw, &dlossw, &lw, &lsew, &tw, ignore_index));
 }
+
+lunar_status lunar_entropy_forward(lunar_ctx *ctx, lunar_tensor *entropy, const lunar_tensor *logits,
+                                   const lunar_tensor *lse) {
+    lunar_prep p;
+    LUNAR_TRY(prep_begin(&p, ctx, "entropy_forward", logits));
+    if (!p.be->entropy_forward) return prep_end(&p, prep_unsupported(&p));
+    prep_expect_float(&p, logits, "logits");
+    prep_check(&p, lse, "lse");
+    prep_check(&p, entropy, "entropy");
+    prep_expect_float(&p, lse, "lse");
+    if (p.st) return prep_end(&p, p.st);
+    if (logits->ndim != 2 || logits->shape[1] < 1) {
+        char a[160];
+        lunar_tensor_shape_str(logits, a, sizeof a);
+        return prep_end(&p, LUNAR_FAIL(ctx, LUNAR_ERR_SHAPE, "entropy_forward: logits '%s' has shape %s, expected "
+                                       "(N, V) with V >= 1", lunar_tensor_label(logits), a));
+    }
+    int64_t n = logits->shape[0];
+    prep_expect_shape(&p, lse, "lse", 1, &n);
+    if (p.st) return prep_end(&p, p.st);
+    lunar_dtype dt = prep_compute_dtype(&p, logits->dtype);
+    lunar_tensor lw, lsew, hw;
+    prep_in(&p, &lw, logits, "logits", dt);
+    prep_in(&p, &lsew, lse, "lse", LUNAR_DTYPE_F32);
+    ce_row_out(&p, &hw, entropy, "entropy", n);
+    if (p.st) return prep_end(&p, p.st);
+    if (n == 0) return prep_end(&p, LUNAR_OK);
+    return prep_end(&p, p.be->entropy_forward(ctx, &hw, &lw, &lsew));
+}

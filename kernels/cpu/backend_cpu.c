@@ -74,6 +74,7 @@ static const lunar_backend cpu_backend = {
     .softmax_backward = lunar_cpu_softmax_backward,
     .cross_entropy_forward = lunar_cpu_cross_entropy_forward,
     .cross_entropy_backward = lunar_cpu_cross_entropy_backward,
+    .entropy_forward = lunar_cpu_entropy_forward,
     .rmsnorm_forward = lunar_cpu_rmsnorm_forward,
     .rmsnorm_backward_input = lunar_cpu_rmsnorm_backward_input,
     .rmsnorm_backward_params = lunar_cpu_rmsnorm_backward_params,

@@ -63,6 +63,8 @@ lunar_status lunar_cpu_cross_entropy_forward(lunar_ctx *ctx, lunar_tensor *loss,
 lunar_status lunar_cpu_cross_entropy_backward(lunar_ctx *ctx, lunar_tensor *dlogits, const lunar_tensor *dloss,
                                               const lunar_tensor *logits, const lunar_tensor *lse,
                                               const lunar_tensor *targets, int64_t ignore_index);
+lunar_status lunar_cpu_entropy_forward(lunar_ctx *ctx, lunar_tensor *entropy, const lunar_tensor *logits,
+                                       const lunar_tensor *lse);
 
 /* norm.c */
 lunar_status lunar_cpu_rmsnorm_forward(lunar_ctx *ctx, lunar_tensor *out, lunar_tensor *rstd, const lunar_tensor *x,

@@ -259,3 +259,44 @@ lunar_status lunar_cpu_cross_entropy_backward(lunar_ctx *ctx, lunar_tensor *dlog
     }
     return LUNAR_OK;
 }
+
+/* sum_j p_j (x[j] - l) with p_j = exp(x[j] - l): the entropy's -H, in one pass. A token of
+ * probability 0 (x = -inf, or too small for an f32) adds 0, not 0 * -inf. */
+LUNAR_CPU_VECTOR_WIDE static double row_plogp(const float *x, int64_t v, float l, const float *next) {
+    double acc[LANES] = {0};
+    int64_t j = 0;
+    for (; j + BLOCK <= v; j += BLOCK) {
+        float b[LANES] = {0};
+        for (int64_t i = 0; i < BLOCK; i += LANES) {
+            PREFETCH_LINE(next + j + i);
+            for (int k = 0; k < LANES; k++) {
+                float d = x[j + i + k] - l;
+                float e = lunar_expf_upto88(d);
+                b[k] += e > 0.0f ? e * d : 0.0f;
+            }
+        }
+        for (int k = 0; k < LANES; k++) acc[k] += b[k];
+    }
+    for (; j < v; j++) {
+        float d = x[j] - l;
+        float e = lunar_expf_upto88(d);
+        acc[0] += e > 0.0f ? e * d : 0.0f;
+    }
+    return lanes_total(acc);
+}
+
+lunar_status lunar_cpu_entropy_forward(lunar_ctx *ctx, lunar_tensor *entropy, const lunar_tensor *logits,
+                                       const lunar_tensor *lse) {
+    (void)ctx;
+    int64_t n = logits->shape[0], v = logits->shape[1];
+    const float *xp = lunar_tensor_data(logits);     // (N, V)
+    const float *lsep = lunar_tensor_data(lse);      // (N)
+    float *hp = lunar_tensor_data(entropy);          // (N)
+#pragma omp parallel for schedule(static) if (n * v >= LUNAR_CPU_PAR_MIN)
+    for (int64_t r = 0; r < n; r++) {
+        const float *xr = xp + r * v, *next = r + 1 < n ? xr + v : xr;
+        float l = lsep[r];
+        hp[r] = isnan(l) ? NAN : (float)-row_plogp(xr, v, l, next);
+    }
+    return LUNAR_OK;
+}

@@ -189,6 +189,7 @@ static lunar_backend make_cuda_backend(void) {
     b.softmax_backward = lunar_cuda_softmax_backward;
     b.cross_entropy_forward = lunar_cuda_cross_entropy_forward;
     b.cross_entropy_backward = lunar_cuda_cross_entropy_backward;
+    b.entropy_forward = lunar_cuda_entropy_forward;
     b.rmsnorm_forward = lunar_cuda_rmsnorm_forward;
     b.rmsnorm_backward_input = lunar_cuda_rmsnorm_backward_input;
     b.rmsnorm_backward_params = lunar_cuda_rmsnorm_backward_params;

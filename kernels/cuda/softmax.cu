@@ -184,3 +184,35 @@ extern "C" lunar_status lunar_cuda_cross_entropy_backward(lunar_ctx *ctx, lunar_
     LUNAR_CUDA_LAUNCH_CHECK(ctx, "cross_entropy_backward");
     return LUNAR_OK;
 }
+
+// entropy[r] = -sum_j p_j (x_j - lse_r), p_j = exp(x_j - lse_r); a probability of 0 adds 0
+template <typename T>
+__global__ void entropy_forward_kernel(float *entropy, const T *logits, const float *lse, int64_t rows, int64_t v) {
+    __shared__ float smem[SM_BLOCK];
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T *xr = logits + r * v;
+        float l = lse[r], s = 0.0f;
+        for (int64_t j = threadIdx.x; j < v; j += SM_BLOCK) {
+            float d = lunar_to_f32(xr[j]) - l;
+            float e = expf(d);
+            s += e > 0.0f ? e * d : 0.0f;
+        }
+        s = block_reduce_f<false>(s, smem);
+        if (threadIdx.x == 0) entropy[r] = isnan(l) ? NAN : -s;
+    }
+}
+
+extern "C" lunar_status lunar_cuda_entropy_forward(lunar_ctx *ctx, lunar_tensor *entropy, const lunar_tensor *logits,
+                                                   const lunar_tensor *lse) {
+    int64_t rows = logits->shape[0], v = logits->shape[1];
+    if (rows == 0) return LUNAR_OK;
+    cudaStream_t stream;
+    lunar_status st = lunar_cuda_stream_for(ctx, logits, &stream);
+    if (st != LUNAR_OK) return st;
+    LUNAR_CUDA_DISPATCH_FLOAT(ctx, logits->dtype, T,
+        entropy_forward_kernel<T><<<row_grid(rows), SM_BLOCK, 0, stream>>>(
+            (float *)lunar_tensor_data(entropy), (const T *)lunar_tensor_data(logits),
+            (const float *)lunar_tensor_data(lse), rows, v));
+    LUNAR_CUDA_LAUNCH_CHECK(ctx, "entropy_forward");
+    return LUNAR_OK;
+}

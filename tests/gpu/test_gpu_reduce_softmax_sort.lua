@@ -68,6 +68,7 @@ T:test('softmax, log_softmax, cross-entropy (V = 1, 17, 1000, 50000), bf16', fun
         check('cross_entropy', ops.cross_entropy, 1e-5, x, t)
         local _, _, lse = ops.cross_entropy(x, t)
         check('cross_entropy_backward', ops.cross_entropy_backward, 1e-5, lunar.randn(5), x, lse, t)
+        check('entropy', ops.entropy, 1e-5, x, lse)
         check('bf16 softmax', ops.softmax, 1e-2, x:bf16())
     end
 end)

@@ -219,6 +219,38 @@ T:test('cross_entropy_backward: reference (softmax - onehot) * dloss and gradche
         f = function(inp) local _, lp = ops.cross_entropy(inp[1], targets) return -weighted(lp, w) end}
 end)
 
+T:test('entropy: -sum p log p of each row against the f64 reference, -inf logits included', function()
+    for _, shape in ipairs({{7, 300}, {3, 1}, {5, 6400}}) do
+        local x = ops.mul(lunar.randn(shape[1], shape[2]), 4)
+        local vals = x:tolist_flat()
+        -- a masked token in row 1, a row of one dominant logit (entropy near 0)
+        if shape[2] > 2 then
+            vals[2] = -math.huge
+            for j = 1, shape[2] do vals[shape[2] + j] = j == 3 and 60 or 0 end
+        end
+        x = lunar.tensor(vals):view(shape[1], shape[2])
+        local _, _, lse = ops.cross_entropy(x, lunar.zeros(shape[1], {dtype = 'i64'}))
+        local want = {}
+        for r, row in ipairs(rows_of(x)) do
+            local lp = ref_log_softmax_row(row)
+            local h = 0
+            for _, l in ipairs(lp) do if l > -math.huge then h = h - math.exp(l) * l end end
+            want[r] = h
+        end
+        local got = ops.entropy(x, lse)
+        T.equal(got:size(), {shape[1]}, 'shape')
+        T.close(got, want, {rtol = 1e-5, atol = 1e-6, msg = 'entropy of (' .. shape[1] .. ', ' .. shape[2] .. ')'})
+        for _, h in ipairs(got:tolist_flat()) do assert(h == h, 'no NaN from a -inf logit') end
+    end
+    -- bf16 logits: computed in f32 from the rounded values
+    local x = lunar.randn(4, 50)
+    local xb = x:to('bf16')
+    local _, _, lse = ops.cross_entropy(xb, lunar.zeros(4, {dtype = 'i64'}))
+    local _, _, lse32 = ops.cross_entropy(xb:float(), lunar.zeros(4, {dtype = 'i64'}))
+    T.close(ops.entropy(xb, lse), ops.entropy(xb:float(), lse32), {rtol = 1e-5, atol = 1e-6, msg = 'bf16'})
+    T.raises(function() ops.entropy(lunar.randn(2, 3), lunar.zeros(3)) end, 'lse')
+end)
+
 T:test('errors name the op, the tensor and the problem', function()
     local logits = lunar.randn(4, 5)
     logits:set_name('lm_logits')

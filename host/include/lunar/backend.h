@@ -121,6 +121,8 @@ struct lunar_backend {
     lunar_status (*cross_entropy_backward)(lunar_ctx *ctx, lunar_tensor *dlogits, const lunar_tensor *dloss,
                                            const lunar_tensor *logits, const lunar_tensor *lse,
                                            const lunar_tensor *targets, int64_t ignore_index);
+    lunar_status (*entropy_forward)(lunar_ctx *ctx, lunar_tensor *entropy, const lunar_tensor *logits,
+                                    const lunar_tensor *lse);
 
     lunar_status (*rmsnorm_forward)(lunar_ctx *ctx, lunar_tensor *out, lunar_tensor *rstd,
                                     const lunar_tensor *x, const lunar_tensor *w, float eps);

@@ -182,6 +182,10 @@ lunar_status lunar_cross_entropy_forward(lunar_ctx *ctx, lunar_tensor *loss, lun
 lunar_status lunar_cross_entropy_backward(lunar_ctx *ctx, lunar_tensor *dlogits, const lunar_tensor *dloss,
                                           const lunar_tensor *logits, const lunar_tensor *lse,
                                           const lunar_tensor *targets, int64_t ignore_index);
+/* entropy (N) f32 = -sum_v p log p of softmax(logits[i]), with log p = logits[i] - lse[i] (lse
+ * from lunar_cross_entropy_forward on the same logits): one pass over each row. */
+lunar_status lunar_entropy_forward(lunar_ctx *ctx, lunar_tensor *entropy, const lunar_tensor *logits,
+                                   const lunar_tensor *lse);
 
 /* ---- normalisation (over the last dim) ---------------------------------------------------- */
 

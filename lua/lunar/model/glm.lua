@@ -269,19 +269,9 @@ local function entropy_chunks(N, V, fn)
 end
 
 -- entropy(z, lse) -> H (N) f32: H = -sum_v p log p of softmax(z) per row, with log p = z - lse
--- (lse from ops.cross_entropy on the same z (N, V)). Computed in f32 chunk by chunk.
+-- (lse from ops.cross_entropy on the same z (N, V)): ops.entropy, one pass, no (N, V) temporary.
 function M.entropy(z, lse)
-    local N, V = z:size(1), z:size(2)
-    local H = core.empty({N}, 'f32', z:device())
-    entropy_chunks(N, V, function(first, n)
-        local logp = ops.sub(z:narrow(1, first, n), lse:narrow(1, first, n):float():view(n, 1))   -- (n, V) f32
-        local p = ops.exp(logp)
-        ops.mul_(p, logp)
-        ops.sum(p, 2, {out = H:narrow(1, first, n)})
-        logp:free()
-        p:free()
-    end)
-    return ops.mul_(H, -1)
+    return ops.entropy(z, lse:float())
 end
 
 -- entropy_backward_(dz, z, lse, H, dH): dz (N, V) += dH * dH/dz, where dH/dz_v = -p_v (log p_v

@@ -9,6 +9,7 @@
 --       lse = logsumexp(logits), logprobs = logits[target] - lse, loss = -logprobs, and 0 in
 --       loss and logprobs where the target is ignore_index.
 --   cross_entropy_backward(dloss, logits, lse, targets[, {ignore_index=-100, out=}]) -> dlogits
+--   entropy(logits (N, V), lse (N)) -> (N) f32 entropy of each row's softmax
 --       dloss is a tensor of targets' shape or a number (the same weight for every row).
 local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
@@ -89,6 +90,22 @@ function M.cross_entropy(logits, targets, opts)
     local lse = core.empty(shape, 'f32', logits:device())
     C.cross_entropy_forward(loss:view(n), logprobs:view(n), lse:view(n), l2, t2, opts.ignore_index or -100)
     return loss, logprobs, lse
+end
+
+-- entropy(logits (N, V), lse (N)) -> (N) f32: -sum_v p log p of each row's softmax, log p = logits -
+-- lse (lse from cross_entropy on the same logits), in one pass
+function M.entropy(logits, lse)
+    if not tensor.is_tensor(logits) or logits:dim() ~= 2 then
+        fail('entropy: logits must be an (N, V) tensor')
+    end
+    local n = logits:size(1)
+    tensor.check(lse, 'lse', 'entropy')
+    if lse:numel() ~= n then
+        fail(('entropy: lse has %d elements, expected one per row of logits (%d)'):format(lse:numel(), n))
+    end
+    local out = core.empty({n}, 'f32', logits:device())
+    C.entropy_forward(out, logits:contiguous(), lse:contiguous():view(n))
+    return out
 end
 
 -- a per-row tensor (targets' shape, or flat (N)) as an (N) view
