@@ -219,7 +219,16 @@ function Model:prepare(batch)
     else
         mask = nn.masks.build{B = B, T = T, attention_mask = am, cu_seqlens = cu, device = dev}
     end
+    local key_lists = batch.key_lists
+    if key_lists ~= nil then
+        if not tensor.is_tensor(key_lists) or key_lists:dim() ~= 3 or key_lists:size(1) ~= B or key_lists:size(2) ~= T
+            or type(batch.max_visible) ~= 'number' then
+            fail(('forward: batch.key_lists must be a (%d, %d, K) i64 tensor, with batch.max_visible'):format(B, T))
+        end
+        key_lists = on(key_lists, dev)
+    end
     return {
+        key_lists = key_lists, max_visible = batch.max_visible,
         B = B, T = T, N = B * T, ids = ids:contiguous():view(B * T):to('i64'), input_ids = ids,
         labels = on(batch.labels, dev), routing = routing,
         positions = positions:to('i64'), attention_mask = am, cu_seqlens = cu,
@@ -353,7 +362,9 @@ end
 --   distribution, at every position; opts.mtp: also the MTP loss (out.mtp_loss);
 --   opts.head_positions: an i64 vector of P flat positions (b * T + t, 0-based): the head runs on
 --   those rows only, and out.logits (P, V), out.logprobs (P), out.entropy (P) and the loss are
---   theirs (backward's dlogprobs and dentropy are then (P) too);
+--   theirs (backward's dlogprobs and dentropy are then (P) too); opts.head_targets (P) i64: the
+--   target of each of those rows instead of batch.labels' (a position may repeat with other
+--   targets: a shared prompt's last token predicts each sample's first);
 --   opts.num_items_in_batch: loss = sum / this (HF's convention for gradient accumulation)
 --   instead of the mean over valid targets; opts.keep (default true when loss): keep what
 --   backward() needs.
@@ -397,9 +408,17 @@ function Model:forward(batch, opts)
     saved.head_positions = at
     local want_loss = opts.loss or opts.logprobs
     if want_loss then
-        local tg = self:targets(batch, b)
-        if not tg then fail('forward: the loss and log-probs need batch.labels') end
-        if at then
+        local tg = opts.head_targets
+        if tg ~= nil then
+            if not at or not tensor.is_tensor(tg) or tg:numel() ~= at:numel() then
+                fail('forward: opts.head_targets must be an i64 vector, one target per opts.head_positions entry')
+            end
+            tg = on(tg, logits:device())
+        else
+            tg = self:targets(batch, b)
+            if not tg then fail('forward: the loss and log-probs need batch.labels') end
+        end
+        if at and not opts.head_targets then
             -- (index_select takes float sources: the P targets are picked on the host)
             local all, pick = tg:to('cpu'):tolist_flat(), {}
             for i, p in ipairs(at:to('cpu'):tolist_flat()) do pick[i] = all[p + 1] end

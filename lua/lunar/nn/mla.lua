@@ -23,7 +23,11 @@
 --       to finfo.min in the mask, so a key is attended iff causally visible AND selected.
 --       When T <= index_topk every key is selected and the mask is used as is (and without a KL
 --       loss the indexer is not even run: topk is then 0 .. T-1 for every query); the same when
---       batch.longest_doc (packed rows: the longest document) is <= index_topk.
+--       batch.longest_doc (packed rows: the longest document) is <= index_topk. batch.key_lists
+--       (B, T, K) i64 (with batch.max_visible, the longest list): the keys each query sees, for a
+--       row whose layout the mask alone would make costly (a shared prompt, lunar.rl.batch); the
+--       attention reads only those (AND the mask), and a DSA layer whose lists all fit in
+--       index_topk takes them as its selection.
 --       saved.indexer_loss is the indexer KL loss (full layers with a coefficient > 0).
 --   dx, indexer_loss = attn:backward(dout, saved, need_dx)
 --       dout (N, H). Parameter gradients accumulate (+=); the indexer's parameters get only the
@@ -138,7 +142,11 @@ function MLA:forward(x, batch, prev_topk)
     local mask = batch.mask
     local kl = self.indexer_type == 'full' and self.indexer_loss_coeff > 0
     if self.indexer_type == 'full' then
-        if T <= self.index_topk and not kl then
+        if batch.key_lists and batch.max_visible <= self.index_topk and not kl then
+            -- a row whose queries see listed keys (shared-prompt packing), no more than
+            -- index_topk each: every visible key is selected, and the lists are the selection
+            topk = batch.key_lists
+        elseif T <= self.index_topk and not kl then
             -- every key is selected whatever the scores (section 6.3), so the scores are not
             -- computed: topk[b, s] = 0 .. T-1 (HF returns the same set in score order)
             topk = lunar_core.empty({B, T, T}, 'i64', x:device())
@@ -159,6 +167,7 @@ function MLA:forward(x, batch, prev_topk)
         topk = prev_topk
     end
     local keys = (topk ~= nil and topk:size(3) < T) and topk or nil
+    if self.indexer_type == 'none' and batch.key_lists then keys = batch.key_lists end
     local v = kvb4:narrow(4, Dn + 1, Dv):contiguous()
     local o
     if not kl then
