@@ -173,6 +173,7 @@ M.rl_defaults = {
         entropy_coef = 0,        -- entropy bonus in the loss (0: off; the entropy is logged always)
         tis_cap = false,         -- truncated importance sampling against the rollout logprobs: the cap (false: off)
         routing_replay = true,   -- R3: the training forwards route every token as generation did (MoE models)
+        share_prompts = true,    -- a group's samples share one copy of their prompt in the packed micro-batch
         dynamic_sampling = false, -- DAPO: drop groups whose accuracy is all equal and generate more prompts
         max_gen_batches = 10,    -- dynamic sampling: rollout rounds per step at most (0: unlimited)
         overlong_buffer = 0,     -- DAPO soft overlong penalty over the last N tokens before rollout.max_new_tokens (0: off)

@@ -170,6 +170,7 @@ local function step_of(step)
     local groups, gen = in_phase('generate', rollout.collect, run, step)
     local t_gen, c_gen = lunar.clock(), cpu_seconds()
     local minis = rlbatch.build(groups, {mini_batches = rl.mini_batches, micro_batch = rl.micro_batch,
+        share_prompts = rl.share_prompts,
         routing = run.moe, replay = rl.routing_replay, experts_per_token = run.mcfg.num_experts_per_tok,
         moe_layers = run.moe_layers})
     local t_build = lunar.clock()

@@ -16,7 +16,7 @@ local core = require 'lunar.core'
 local ops = lunar.ops
 local loss = require 'lunar.rl.loss'
 local lora = require 'lunar.nn.lora'
-local masks = require 'lunar.nn.masks'
+local rlbatch = require 'lunar.rl.batch'
 
 local M = {}
 
@@ -37,7 +37,7 @@ local function on(t, dev) if t:device() ~= dev then return t:to(dev) end return 
 -- fn(mb) with the micro-batch's packed-row mask built once for the forwards it makes (inside the
 -- caller's scope, which frees it)
 local function with_mask(model, mb, fn)
-    mb.batch.block_mask = masks.build{B = 1, T = mb.T, cu_seqlens = mb.batch.cu_seqlens, device = model:device()}
+    mb.batch.block_mask = rlbatch.block_mask(mb, model:device())
     local ok, err = pcall(fn, mb)
     mb.batch.block_mask = nil
     if not ok then error(err, 0) end
@@ -45,7 +45,7 @@ end
 
 -- a forward of one micro-batch whose head runs at its response positions only
 local function forward(model, mb, opts)
-    opts.head_positions = mb.positions
+    opts.head_positions, opts.head_targets = mb.positions, mb.targets
     return model:forward(mb.batch, opts)
 end
 

@@ -216,7 +216,7 @@ local function run_step(run, step)
     local groups, gen = rollout.collect(run, step)                        -- generate, score, filter
     local t_gen = lunar.clock()
     local minis = rlbatch.build(groups, {mini_batches = math.min(rl.mini_batches, math.max(#groups, 1)),
-        micro_batch = rl.micro_batch, routing = run.moe, replay = rl.routing_replay,
+        micro_batch = rl.micro_batch, routing = run.moe, replay = rl.routing_replay, share_prompts = rl.share_prompts,
         experts_per_token = run.mcfg.num_experts_per_tok, moe_layers = run.moe_layers})
     local old = policy.old_logprobs(run, minis)                            -- reference and old logprobs, once
     if rl.kl_in_reward and run.ref_policy then policy.kl_into_rewards(minis, rl) end
