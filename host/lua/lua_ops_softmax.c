@@ -64,11 +64,22 @@ static int l_entropy_forward(lua_State *L) {
     return 1;
 }
 
+/* core.ops.sample_rows(tokens, logprobs, z, u) -> tokens, logprobs */
+static int l_sample_rows(lua_State *L) {
+    lunar_tensor *tokens = lunar_lua_check_tensor(L, 1);
+    lunar_tensor *logprobs = lunar_lua_check_tensor(L, 2);
+    lunar_tensor *z = lunar_lua_check_tensor(L, 3);
+    lunar_tensor *u = lunar_lua_check_tensor(L, 4);
+    lunar_lua_check_status(L, lunar_sample_rows(lunar_lua_ctx(L), tokens, logprobs, z, u));
+    lua_settop(L, 2);
+    return 2;
+}
+
 void lunar_lua_ops_softmax(lua_State *L) {
     static const luaL_Reg fns[] = {
         {"softmax_forward", l_softmax_forward}, {"softmax_backward", l_softmax_backward},
         {"cross_entropy_forward", l_cross_entropy_forward}, {"cross_entropy_backward", l_cross_entropy_backward},
-        {"entropy_forward", l_entropy_forward},
+        {"entropy_forward", l_entropy_forward}, {"sample_rows", l_sample_rows},
         {NULL, NULL},
     };
     lunar_lua_setfuncs(L, fns);

@@ -180,3 +180,37 @@ lunar_status lunar_entropy_forward(lunar_ctx *ctx, lunar_tensor *entropy, const 
     if (n == 0) return prep_end(&p, LUNAR_OK);
     return prep_end(&p, p.be->entropy_forward(ctx, &hw, &lw, &lsew));
 }
+
+lunar_status lunar_sample_rows(lunar_ctx *ctx, lunar_tensor *tokens, lunar_tensor *logprobs, const lunar_tensor *z,
+                               const lunar_tensor *u) {
+    lunar_prep p;
+    LUNAR_TRY(prep_begin(&p, ctx, "sample_rows", z));
+    if (!p.be->sample_rows) return prep_end(&p, prep_unsupported(&p));
+    prep_expect_float(&p, z, "z");
+    prep_check(&p, u, "u");
+    prep_check(&p, tokens, "tokens");
+    prep_check(&p, logprobs, "logprobs");
+    prep_expect_float(&p, u, "u");
+    prep_expect_index(&p, tokens, "tokens");
+    prep_expect_float(&p, logprobs, "logprobs");
+    if (p.st) return prep_end(&p, p.st);
+    if (z->ndim != 2 || z->shape[1] < 1) {
+        char a[160];
+        lunar_tensor_shape_str(z, a, sizeof a);
+        return prep_end(&p, LUNAR_FAIL(ctx, LUNAR_ERR_SHAPE, "sample_rows: z '%s' has shape %s, expected (N, V) with "
+                                       "V >= 1", lunar_tensor_label(z), a));
+    }
+    int64_t n = z->shape[0];
+    prep_expect_shape(&p, u, "u", 1, &n);
+    prep_expect_shape(&p, tokens, "tokens", 1, &n);
+    prep_expect_shape(&p, logprobs, "logprobs", 1, &n);
+    if (p.st) return prep_end(&p, p.st);
+    lunar_tensor zw, uw, tw, lw;
+    prep_in(&p, &zw, z, "z", LUNAR_DTYPE_F32);
+    prep_in(&p, &uw, u, "u", LUNAR_DTYPE_F32);
+    prep_out(&p, &tw, tokens, "tokens", LUNAR_DTYPE_I64, 0);
+    prep_out(&p, &lw, logprobs, "logprobs", LUNAR_DTYPE_F32, 0);
+    if (p.st) return prep_end(&p, p.st);
+    if (n == 0) return prep_end(&p, LUNAR_OK);
+    return prep_end(&p, p.be->sample_rows(ctx, &tw, &lw, &zw, &uw));
+}

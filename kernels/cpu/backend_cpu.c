@@ -75,6 +75,7 @@ static const lunar_backend cpu_backend = {
     .cross_entropy_forward = lunar_cpu_cross_entropy_forward,
     .cross_entropy_backward = lunar_cpu_cross_entropy_backward,
     .entropy_forward = lunar_cpu_entropy_forward,
+    .sample_rows = lunar_cpu_sample_rows,
     .rmsnorm_forward = lunar_cpu_rmsnorm_forward,
     .rmsnorm_backward_input = lunar_cpu_rmsnorm_backward_input,
     .rmsnorm_backward_params = lunar_cpu_rmsnorm_backward_params,

@@ -65,6 +65,8 @@ lunar_status lunar_cpu_cross_entropy_backward(lunar_ctx *ctx, lunar_tensor *dlog
                                               const lunar_tensor *targets, int64_t ignore_index);
 lunar_status lunar_cpu_entropy_forward(lunar_ctx *ctx, lunar_tensor *entropy, const lunar_tensor *logits,
                                        const lunar_tensor *lse);
+lunar_status lunar_cpu_sample_rows(lunar_ctx *ctx, lunar_tensor *tokens, lunar_tensor *logprobs,
+                                   const lunar_tensor *z, const lunar_tensor *u);
 
 /* norm.c */
 lunar_status lunar_cpu_rmsnorm_forward(lunar_ctx *ctx, lunar_tensor *out, lunar_tensor *rstd, const lunar_tensor *x,

@@ -300,3 +300,35 @@ lunar_status lunar_cpu_entropy_forward(lunar_ctx *ctx, lunar_tensor *entropy, co
     }
     return LUNAR_OK;
 }
+
+/* One draw per row from softmax(z): the first token whose running sum of exp(z - max) (f64, in
+ * token order) exceeds u * the row's total, and its log-probability (x - max) - log(total) as
+ * lunar_cpu_cross_entropy_forward forms it. u < 1, so some running sum exceeds the target, and
+ * the token that crossed it added a positive weight. */
+lunar_status lunar_cpu_sample_rows(lunar_ctx *ctx, lunar_tensor *tokens, lunar_tensor *logprobs,
+                                   const lunar_tensor *z, const lunar_tensor *u) {
+    (void)ctx;
+    int64_t n = z->shape[0], v = z->shape[1];
+    const float *zp = lunar_tensor_data(z);          // (N, V)
+    const float *up = lunar_tensor_data(u);          // (N)
+    int64_t *tp = lunar_tensor_data(tokens);         // (N)
+    float *lp = lunar_tensor_data(logprobs);         // (N)
+#pragma omp parallel for schedule(static) if (n * v >= LUNAR_CPU_PAR_MIN)
+    for (int64_t r = 0; r < n; r++) {
+        const float *zr = zp + r * v;
+        float m = row_max(zr, v);
+        double total = row_sumexp(zr, v, m, zr);
+        double target = (double)up[r] * total, run = 0.0;
+        int64_t tok = v - 1;
+        for (int64_t j = 0; j < v; j++) {
+            run += lunar_expf_upto88(zr[j] - m);
+            if (run > target) {
+                tok = j;
+                break;
+            }
+        }
+        tp[r] = tok;
+        lp[r] = (zr[tok] - m) - (float)log(total);
+    }
+    return LUNAR_OK;
+}

@@ -251,6 +251,35 @@ T:test('entropy: -sum p log p of each row against the f64 reference, -inf logits
     T.raises(function() ops.entropy(lunar.randn(2, 3), lunar.zeros(3)) end, 'lse')
 end)
 
+T:test('sample_rows: the first id whose running weight exceeds u of the total; logprobs as cross_entropy', function()
+    local B, V = 64, 1000
+    local z = ops.mul(lunar.randn(B, V), 3)
+    local flat = z:tolist_flat()
+    flat[5] = -math.huge                                 -- a token of weight 0 is never drawn
+    z = lunar.tensor(flat):view(B, V)
+    local us = {}
+    for b = 1, B do us[b] = (b - 1) / B end
+    us[B] = 1 - 2 ^ -24                                  -- the largest u the sampler makes
+    local tokens, logprobs = ops.sample_rows(z, lunar.tensor(us))
+    local tok = tokens:tolist_flat()
+    -- the reference: f64 running sums of the softmax in id order
+    for b, row in ipairs(rows_of(z)) do
+        local lp = ref_log_softmax_row(row)
+        local run, want = 0, nil
+        for j = 1, V do
+            run = run + math.exp(lp[j])
+            if run > us[b] then want = j - 1 break end
+        end
+        want = want or V - 1
+        assert(tok[b] == want or math.abs(run - us[b]) < 1e-6,
+            ('row %d: drew %d, the f64 reference %d (not at a rounding boundary)'):format(b, tok[b], want))
+        assert(tok[b] ~= 4 or b ~= 1, 'a -inf logit was drawn')
+    end
+    local _, want_lp = ops.cross_entropy(z, tokens)
+    T.equal(logprobs, want_lp, 'logprobs: the cross-entropy formula, bit for bit')
+    T.raises(function() ops.sample_rows(lunar.randn(2, 3), lunar.zeros(3)) end, 'u')
+end)
+
 T:test('errors name the op, the tensor and the problem', function()
     local logits = lunar.randn(4, 5)
     logits:set_name('lm_logits')

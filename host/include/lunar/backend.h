@@ -123,6 +123,9 @@ struct lunar_backend {
                                            const lunar_tensor *targets, int64_t ignore_index);
     lunar_status (*entropy_forward)(lunar_ctx *ctx, lunar_tensor *entropy, const lunar_tensor *logits,
                                     const lunar_tensor *lse);
+    /* optional (NULL: the caller draws with softmax, cumsum and argmax instead) */
+    lunar_status (*sample_rows)(lunar_ctx *ctx, lunar_tensor *tokens, lunar_tensor *logprobs,
+                                const lunar_tensor *z, const lunar_tensor *u);
 
     lunar_status (*rmsnorm_forward)(lunar_ctx *ctx, lunar_tensor *out, lunar_tensor *rstd,
                                     const lunar_tensor *x, const lunar_tensor *w, float eps);

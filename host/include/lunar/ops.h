@@ -186,6 +186,12 @@ lunar_status lunar_cross_entropy_backward(lunar_ctx *ctx, lunar_tensor *dlogits,
  * from lunar_cross_entropy_forward on the same logits): one pass over each row. */
 lunar_status lunar_entropy_forward(lunar_ctx *ctx, lunar_tensor *entropy, const lunar_tensor *logits,
                                    const lunar_tensor *lse);
+/* One categorical draw per row of softmax(z (N, V) f32): tokens (N) i64 the first id whose running
+ * sum of exp(z - max) exceeds u (N) f32 in [0, 1) times the row's total; logprobs (N) f32 its
+ * log-probability, formed as lunar_cross_entropy_forward forms it. The CPU backend has it; the
+ * others answer LUNAR_ERR_UNSUPPORTED (their callers draw with softmax, cumsum and argmax). */
+lunar_status lunar_sample_rows(lunar_ctx *ctx, lunar_tensor *tokens, lunar_tensor *logprobs, const lunar_tensor *z,
+                               const lunar_tensor *u);
 
 /* ---- normalisation (over the last dim) ---------------------------------------------------- */
 

@@ -280,6 +280,15 @@ function M.sample(logits, params, positions, opts)
     end
     -- the processed logits: s itself when no row truncates
     local truncates = any.any_k or any.any_p or any.any_min_p
+    if not truncates and dev:match('^cpu') then
+        -- one pass per row on the CPU: max, total, then the running sum up to the draw
+        local tokens, logprobs = ops.sample_rows(s, column(P, COL_U, 'f32'):view(B))
+        local out = {tokens = tokens, logprobs = logprobs}
+        if opts.processed_logprobs then out.processed_logprobs = logprobs:clone() end
+        s:free()
+        P:free()
+        return out
+    end
     local z = truncates and s:clone() or s
     if any.any_k then
         -- the k-th largest value of each row (a value, so the same whatever the batch's largest k)

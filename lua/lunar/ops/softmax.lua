@@ -10,6 +10,7 @@
 --       loss and logprobs where the target is ignore_index.
 --   cross_entropy_backward(dloss, logits, lse, targets[, {ignore_index=-100, out=}]) -> dlogits
 --   entropy(logits (N, V), lse (N)) -> (N) f32 entropy of each row's softmax
+--   sample_rows(z (N, V), u (N)) -> tokens, logprobs: one categorical draw per row (CPU)
 --       dloss is a tensor of targets' shape or a number (the same weight for every row).
 local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
@@ -106,6 +107,17 @@ function M.entropy(logits, lse)
     local out = core.empty({n}, 'f32', logits:device())
     C.entropy_forward(out, logits:contiguous(), lse:contiguous():view(n))
     return out
+end
+
+-- sample_rows(z (N, V) f32, u (N) f32 in [0, 1)) -> tokens (N) i64, logprobs (N) f32: one draw per
+-- row of softmax(z), the first id whose running weight exceeds u of the total (CPU backend only)
+function M.sample_rows(z, u)
+    if not tensor.is_tensor(z) or z:dim() ~= 2 then fail('sample_rows: z must be an (N, V) tensor') end
+    local n = z:size(1)
+    local tokens = core.empty({n}, 'i64', z:device())
+    local logprobs = core.empty({n}, 'f32', z:device())
+    C.sample_rows(tokens, logprobs, z:contiguous(), u:contiguous():view(n))
+    return tokens, logprobs
 end
 
 -- a per-row tensor (targets' shape, or flat (N)) as an (N) view
