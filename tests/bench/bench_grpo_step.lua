@@ -3,7 +3,7 @@
 -- tests/bench/bench_grpo_vs_torch.py, which times the same step in a PyTorch stack in the same run.
 --
 --   lunar tests/bench/bench_grpo_step.lua [prompts=8] [n=8] [new=128] [mini_batches=2] [micro_batch=8]
---       [steps=2] [warmup=1] [export=DIR] [profile=true] [serve=true] [what_if=dense_short_docs]
+--       [steps=2] [warmup=1] [export=DIR] [profile=true] [serve=true]
 --
 -- The step is lunar.rl.trainer's run_step made of the same pieces (lunar.rl.rollout, .batch,
 -- .advantages, .policy) with two changes that make the two sides do the same work: every step
@@ -17,13 +17,6 @@
 -- profile=true also prints to stderr where each measured phase's time went: the functions below
 -- (modules, ops, generation, optimizer) wrapped with lunar.clock(), inclusive (a module's time
 -- holds the ops it calls), with call counts.
--- what_if=dense_short_docs measures a change without making it: a DSA layer whose packed row is
--- longer than index_topk but whose documents are all at most index_topk long runs as if the row
--- were short (every visible key selected, no indexer, no per-query key list): every visible key
--- is attended either way (the log-probs of a micro-batch of 8 responses of 206 tokens were the
--- same bits); lunar's MLA tests the packed row's length instead. With
--- what_if, the measured steps alternate between lunar as it is and the change (the first of each
--- pair alternating too), and the JSON line gives both (`what_if` holds the changed side's means).
 local lunar = require 'lunar'
 local common = dofile('recipes/common.lua')
 local base = require('lunar.train.trainer').setup_parts
@@ -123,34 +116,11 @@ if o.profile then
         {lunar.optim.AdamW, 'step', 'AdamW step'}, {run.tok, 'decode', 'tokenizer decode'},
     }) do wrap(w[1], w[2], w[3]) end
 end
-local what_if_on = false   -- this step runs with the what_if change
 local function in_phase(name, fn, ...)
-    if o.profile and not what_if_on then prof.phase = name; prof.acc[name] = prof.acc[name] or {} end
+    if o.profile then prof.phase = name; prof.acc[name] = prof.acc[name] or {} end
     local r = {fn(...)}
     prof.phase = nil
     return unpack(r, 1, table.maxn(r))
-end
-
-if o.what_if == 'dense_short_docs' then
-    local MLA = require('lunar.nn').MLA
-    local forward = MLA.forward
-    MLA.forward = function(self, x, batch, prev_topk)
-        local cu = batch.cu_seqlens
-        if what_if_on and self.indexer_type == 'full' and cu and batch.T > self.index_topk and require('lunar.tensor').is_tensor(cu) then
-            local list, longest = cu:tolist_flat(), 0
-            for i = 2, #list do longest = math.max(longest, list[i] - list[i - 1]) end
-            if longest <= self.index_topk then
-                local k = self.index_topk
-                self.index_topk = math.huge
-                local out, saved, topk = forward(self, x, batch, prev_topk)
-                self.index_topk = k
-                return out, saved, topk
-            end
-        end
-        return forward(self, x, batch, prev_topk)
-    end
-elseif o.what_if then
-    error('what_if: unknown ' .. tostring(o.what_if) .. ' (dense_short_docs)')
 end
 
 -- CPU seconds of this process (user + system, all threads; /proc/self/stat counts 1/100 s ticks)
@@ -214,20 +184,12 @@ if o.serve then
 end
 
 local sums, count, last = {}, 0, nil
-local wsums, wcount = {}, 0
-for s = 1, warmup + steps * (o.what_if and 2 or 1) do
-    -- with what_if: pairs (as is, changed), (changed, as is), ...
-    local pair = math.floor((s - warmup - 1) / 2)
-    what_if_on = o.what_if ~= nil and s > warmup and ((s - warmup - 1) % 2 == 0) == (pair % 2 == 1)
+for s = 1, warmup + steps do
     local r = lunar.scope(step_of, s)
-    io.stderr:write(('lunar step %d%s: generate %.2f s, old logprobs %.2f s, train %.2f s, step %.2f s, loss %.4g\n')
-        :format(s, what_if_on and (' (what_if ' .. o.what_if .. ')') or '', r.generate, r.old_logprobs, r.train,
-            r.step, r.loss or 0))
+    io.stderr:write(('lunar step %d: generate %.2f s, old logprobs %.2f s, train %.2f s, step %.2f s, loss %.4g\n')
+        :format(s, r.generate, r.old_logprobs, r.train, r.step, r.loss or 0))
     if s <= warmup then prof.acc = {} end
-    if s > warmup and what_if_on then
-        wcount = wcount + 1
-        for k, v in pairs(r) do if type(v) == 'number' then wsums[k] = (wsums[k] or 0) + v end end
-    elseif s > warmup then
+    if s > warmup then
         count = count + 1
         for k, v in pairs(r) do if type(v) == 'number' then sums[k] = (sums[k] or 0) + v end end
     end
@@ -247,8 +209,4 @@ local out = {impl = 'lunar', threads = lunar.threads(), steps = count}
 for k, v in pairs(sums) do out[k] = v / count end
 out.gen_tokens_per_s = out.gen_tokens / out.gen_seconds
 out.last_loss = last.loss
-if wcount > 0 then
-    out.what_if = {name = o.what_if, steps = wcount}
-    for k, v in pairs(wsums) do out.what_if[k] = v / wcount end
-end
 print(json_line(out))
