@@ -488,9 +488,10 @@ end
 -- ---- checks ---------------------------------------------------------------------------------------
 
 -- Check that this process can run the recipe. Under a launcher with several ranks the recipe
--- runs data parallel (parallel.tp = pp = cp = ep = 1; docs/parallel.md). A layout that does not
--- fit the number of ranks, and the parallel degrees not implemented yet (tensor, pipeline,
--- context, expert parallel), refuse on every rank before any work, naming the numbers.
+-- runs data parallel, with the routed experts spread over parallel.ep ranks (tp = pp = cp = etp =
+-- vpp = 1; docs/parallel.md). A layout that does not fit the number of ranks, and the parallel
+-- degrees not implemented yet (tensor, pipeline, context, expert-tensor), refuse on every rank
+-- before any work, naming the numbers.
 -- the recipe kinds whose trainer (lunar.train.trainer) runs data parallel over several ranks
 M.DATA_PARALLEL_KINDS = {pretrain = true, sft = true, lora = true}
 
@@ -506,8 +507,9 @@ function M.check_runnable(cfg)
     local n = math.max(1, h.nodes * math.max(h.gpus_per_node, 1))
     if n > 1 and n ~= env.size then
         user_error(('recipe %s describes a %d-GPU job (%d node%s x %d %s; TP%d PP%d CP%d EP%d) but runs as %d rank%s: '
-            .. 'tensor, pipeline, context and expert parallel training are not implemented in this version of lunar '
-            .. '(data parallel is); the tiny preset runs on one CPU process, or data parallel under mpirun'):format(
+            .. 'tensor, pipeline and context parallel training are not implemented in this version of lunar '
+            .. '(data and expert parallel are); the tiny preset runs on one CPU process, or data and expert parallel '
+            .. 'under mpirun'):format(
             cfg.name, n, h.nodes, h.nodes == 1 and '' or 's', h.gpus_per_node, h.gpu, p.tp, p.pp, p.cp, p.ep,
             env.size, env.size == 1 and '' or 's'))
     end
@@ -518,11 +520,11 @@ function M.check_runnable(cfg)
         end
     end
     local missing
-    for _, k in ipairs({'tp', 'pp', 'cp', 'ep', 'etp', 'vpp'}) do
+    for _, k in ipairs({'tp', 'pp', 'cp', 'etp', 'vpp'}) do
         if p[k] ~= 1 and not missing then
-            missing = ('parallel.%s=%s: this parallel degree is not implemented in this version of lunar (data parallel '
-                .. 'is: mpirun -np N with parallel.tp, pp, cp, ep, etp and vpp all 1); set parallel.%s=1')
-                :format(k, tostring(p[k]), k)
+            missing = ('parallel.%s=%s: this parallel degree is not implemented in this version of lunar (data and '
+                .. 'expert parallel are: mpirun -np N with parallel.ep dividing N and parallel.tp, pp, cp, etp and vpp '
+                .. 'all 1); set parallel.%s=1'):format(k, tostring(p[k]), k)
         end
     end
     -- the layout first, so that a world the degrees do not divide is named with its numbers

@@ -397,7 +397,7 @@ T:test('backward: finite differences for x, router, every expert and the shared 
             -- draw x until every one is at least 0.03 from 0
             local function margin(xx)
                 local _, saved = m:forward(xx)
-                return math.min(ops.min(ops.abs(saved.G)):item(), ops.min(ops.abs(saved.shared.g)):item())
+                return math.min(ops.min(ops.abs(saved.se.G)):item(), ops.min(ops.abs(saved.shared.g)):item())
             end
             for _ = 1, 100 do
                 if margin(x) > 0.03 then break end

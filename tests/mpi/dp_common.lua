@@ -133,6 +133,92 @@ function M.one_step(T, distributed_on, micro_batch, config)
             early = early, optimizer = optB, reference = optA}
 end
 
+-- layout_step(T, spec[, config]): the forward and backward of one step in the layout `spec`
+-- (lunar.dist.layout; the model built over it, the global batch split over dp) against the whole
+-- global batch on this rank alone: the loss and every gradient this rank holds, reduced as the
+-- layout reduces them (dense parameters over dp, routed experts over edp), within 1e-5 relative
+-- L2. Returns the measured numbers.
+-- replay = true: both sides replay the routes another model chose for the global batch (R3).
+function M.layout_step(T, spec, config, micro_batch, replay)
+    micro_batch = micro_batch or 2
+    local lay = d.layout(spec)
+    local dp, ep = lay:group('dp'), lay:group('ep')
+    local cfg = {}
+    for k, v in pairs(M.preset.common.model.config) do cfg[k] = v end
+    for k, v in pairs(config or {}) do cfg[k] = v end
+    local full = data.loader{source = documents(), seq_len = M.data.seq_len, micro_batch = micro_batch * dp:size(), seed = 3}
+    local ref_batch = full:next()
+    local routes
+    if replay then   -- routes another model chose: not the ones these weights would choose
+        routes = {}
+        for layer, r in pairs(lunar.model.new(cfg, {seed = 12}):forward(ref_batch).routing) do routes[layer] = r.idx end
+        ref_batch.routing = routes
+    end
+    local A = lunar.model.new(cfg, {seed = 11})
+    local outA = A:forward(ref_batch, {loss = true, num_items_in_batch = ref_batch.num_targets})
+    A:backward()
+
+    local mine = data.loader{source = documents(), seq_len = M.data.seq_len, micro_batch = micro_batch, seed = 3,
+                             dp_rank = dp:rank(), dp_size = dp:size()}
+    local b = mine:next()
+    if replay then   -- this rank's rows of the global batch: rows [dp_rank * micro_batch, +micro_batch)
+        local per = micro_batch * M.data.seq_len
+        b.routing = {}
+        for layer, idx in pairs(routes) do b.routing[layer] = idx:narrow(1, dp:rank() * per + 1, per):contiguous() end
+        ref_batch.routing = nil
+        local natural = lunar.model.new(cfg, {seed = 11}):forward(ref_batch)
+        ref_batch.routing = routes
+        local differ = 0
+        for layer, r in pairs(natural.routing) do
+            differ = differ + lunar.ops.sum(lunar.ops.ne(r.idx, routes[layer])):item()
+        end
+        assert(differ > 0, 'the replayed routes are the ones the model would choose')
+    end
+    local B = lunar.model.new(cfg, {seed = 11, ep = ep})
+    local targets = d.all_reduce(lunar.tensor({b.num_targets}, 'f64'), {group = dp}):item()
+    T.equal(targets, ref_batch.num_targets, 'global target count')
+    local outB = B:forward(b, {loss = true, num_items_in_batch = targets})
+    B:backward()
+    local loss = d.all_reduce(lunar.tensor({outB.loss}, 'f64'), {group = dp}):item()
+    local loss_rel = math.abs(loss - outA.loss) / math.abs(outA.loss)
+    assert(loss_rel <= 1e-5, ('loss %.9g, one rank %.9g (rel %.3g)'):format(loss, outA.loss, loss_rel))
+
+    -- the experts this rank holds: its ep range, each exactly once
+    local E = cfg.n_routed_experts
+    local held, dense = {}, {}
+    for name in B.params:names() do
+        local e = name:match('%.mlp%.experts%.(%d+)%.')
+        if e then held[#held + 1] = name else dense[#dense + 1] = name end
+    end
+    local per_layer = 0
+    for name in B.params:names() do if name:match('^model%.layers%.1%.mlp%.experts%.%d+%.gate_proj') then per_layer = per_layer + 1 end end
+    T.equal(per_layer, E / ep:size(), 'experts held per layer')
+    -- dense gradients reduced over dp, the experts' over edp (all dense first: the same order everywhere)
+    for _, name in ipairs(dense) do
+        local g = B.params.grads[name]
+        if g then d.all_reduce(g, {group = dp}) end
+    end
+    for _, name in ipairs(held) do
+        local g = B.params.grads[name]
+        if g then d.all_reduce(g, {group = lay:group('edp')}) end
+    end
+    local worst, worst_name, n = 0, nil, 0
+    for _, list in ipairs({dense, held}) do
+        for _, name in ipairs(list) do
+            local ga, gb = A.params.grads[name], B.params.grads[name]
+            assert((ga == nil) == (gb == nil), name .. ': a gradient on one side only')
+            if ga then
+                n = n + 1
+                local r = rel_l2(gb, ga)
+                if r > worst then worst, worst_name = r, name end
+            end
+        end
+    end
+    assert(n > 50, 'compared ' .. n .. ' gradients')
+    assert(worst <= 1e-5, ('gradient of %s: relative L2 %.3g'):format(tostring(worst_name), worst))
+    return {loss_rel = loss_rel, grad_rel = worst, grad_name = worst_name, compared = n}
+end
+
 -- a small sft recipe (real data) under dir, with overrides
 function M.recipe(dir, extra)
     local o = {quiet = true, expect_loss_fall = false,

@@ -55,7 +55,7 @@ local function build_layer(store, cfg, i, opts)
     if L.mlp_type == 'dense' then
         L.mlp = nn.MLP.new(store, p .. '.mlp', cfg.hidden_act)
     else
-        L.mlp = nn.MoE.new(store, p .. '.mlp', cfg)
+        L.mlp = nn.MoE.new(store, p .. '.mlp', cfg, {ep = opts.ep})
     end
     return L
 end
@@ -100,14 +100,20 @@ end
 -- linear and embedding weights, the padding row zeroed, ones for norms, zeros for biases and the
 -- router's correction bias). opts: seed, dtype (default f32), device, indexer_loss_coeff,
 -- fp32_residual (keep the residual stream in f32 when dtype is bf16/f16; see build()), mtp
--- (false: no MTP layer even when the config declares num_nextn_predict_layers).
+-- (false: no MTP layer even when the config declares num_nextn_predict_layers), ep (a lunar.dist
+-- group: expert parallel, this rank holds and runs its range of the routed experts; see
+-- lunar.nn.MoE).
 function M.new(cfg, opts)
     opts = opts or {}
     local rng = core.rng_new(opts.seed or 0):split('init')
     local store = nn.params.new()
     local std = cfg.initializer_range or 0.02
     local indexer_trainable = (opts.indexer_loss_coeff or 0) > 0
-    for _, s in ipairs(params.spec(cfg, opts)) do
+    local spec_opts = {mtp = opts.mtp}
+    if opts.ep and opts.ep:size() > 1 then
+        spec_opts.experts = params.expert_range(cfg, opts.ep:rank(), opts.ep:size())
+    end
+    for _, s in ipairs(params.spec(cfg, spec_opts)) do
         local t = core.empty(s.shape, s.dtype or opts.dtype or 'f32', opts.device)
         if s.init == 'normal' then rng:split(s.name):normal_(t, 0, std)
         elseif s.init == 'ones' then t:fill_(1)

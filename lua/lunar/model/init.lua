@@ -57,6 +57,8 @@ end
 --     true           that checkpoint is an error too: every tensor of the config must be there
 --     false          tensors the model does not know are skipped (the MTP rule as for nil)
 --   A checkpoint holding some but not all of the MTP layer's tensors is always an error.
+--   ep (a lunar.dist group): expert parallel, the model keeps this rank's range of the routed
+--   experts (lunar.model.params.expert_range) and leaves the others' tensors.
 --   model.source.mtp_missing is true when the MTP layer was left out.
 function M.load(dir, opts)
     opts = opts or {}
@@ -76,7 +78,13 @@ function M.load(dir, opts)
     for name in pairs(fused) do tensors[name] = nil end
     for k, v in pairs(split) do tensors[k] = v end
 
-    local spec = params.spec(cfg)
+    -- expert parallel (opts.ep, a lunar.dist group): this rank keeps its range of the routed experts
+    local experts = opts.ep and opts.ep:size() > 1 and params.expert_range(cfg, opts.ep:rank(), opts.ep:size()) or nil
+    local function elsewhere(name)   -- a routed expert another ep rank holds
+        local e = experts and name:match('%.mlp%.experts%.(%d+)%.')
+        return e and (tonumber(e) < experts.first or tonumber(e) >= experts.first + experts.count) or false
+    end
+    local spec = params.spec(cfg, {experts = experts})
     local known, missing, missing_mtp, n_mtp = {}, {}, {}, 0
     for _, s in ipairs(spec) do
         known[s.name] = s
@@ -105,7 +113,7 @@ function M.load(dir, opts)
         local o = {}
         for k, v in pairs(opts) do o[k] = v end
         o.mtp, opts = false, o
-        spec, known, missing = params.spec(cfg, opts), {}, {}
+        spec, known, missing = params.spec(cfg, {mtp = false, experts = experts}), {}, {}
         for _, s in ipairs(spec) do known[s.name] = s end
         if not opts.quiet then
             _G.io.stderr:write(('lunar.model.load: %s: config.json declares num_nextn_predict_layers = %d, but the '
@@ -118,7 +126,9 @@ function M.load(dir, opts)
             #missing == 1 and ' is' or 's are', some(missing)))
     end
     local unexpected = {}
-    for name in pairs(tensors) do if not known[name] then unexpected[#unexpected + 1] = name end end
+    for name in pairs(tensors) do
+        if not known[name] and not elsewhere(name) then unexpected[#unexpected + 1] = name end
+    end
     table.sort(unexpected)
     if #unexpected > 0 and opts.strict ~= false then
         fail(('%s: %d tensor%s the %s model does not have, e.g. %s'):format(dir, #unexpected,

@@ -2,13 +2,14 @@
 -- models, by name, with shapes, initialisation and trainability, derived from a validated config
 -- (lunar.model.config). Names are HF's checkpoint names (per-expert experts, as published).
 --
--- spec(cfg[, {mtp = false}]) -> list of {name=, shape=, init='normal'|'ones'|'zeros',
+-- spec(cfg[, {mtp = false, experts = {first=, count=}}]) -> list of {name=, shape=, init='normal'|'ones'|'zeros',
 -- trainable=bool, dtype=, mtp=bool}
 -- The MTP layer (num_nextn_predict_layers > 0) is model.layers.<L>.*: a full decoder layer plus
 -- eh_proj, enorm, hnorm and shared_head.norm; it is carried (loaded and saved) and only runs when
 -- the model is asked for the MTP loss. {mtp = false} leaves it out: the model of a checkpoint
 -- that declares the layer in its config but holds none of its tensors (transformers'
--- save_pretrained writes such checkpoints; see lunar.model.load).
+-- save_pretrained writes such checkpoints; see lunar.model.load). {experts = expert_range(...)}
+-- lists the routed experts of that range only (what one expert-parallel rank holds).
 local M = {}
 
 local function add(list, name, shape, init, trainable, dtype)
@@ -17,7 +18,7 @@ end
 
 -- The tensors of one decoder layer `i` (prefix model.layers.i.); mlp_type 'dense'|'sparse';
 -- indexer true when the layer runs its own DSA indexer.
-local function layer_specs(list, cfg, i, mlp_type, indexer)
+local function layer_specs(list, cfg, i, mlp_type, indexer, experts)
     local p = ('model.layers.%d.'):format(i)
     local H = cfg.hidden_size
     add(list, p .. 'input_layernorm.weight', {H}, 'ones')
@@ -72,7 +73,9 @@ local function layer_specs(list, cfg, i, mlp_type, indexer)
         local E, Im = cfg.n_routed_experts, cfg.moe_intermediate_size
         add(list, m .. 'gate.weight', {E, H}, 'normal', true, 'f32')
         add(list, m .. 'gate.e_score_correction_bias', {E}, 'zeros', false, 'f32')
-        for e = 0, E - 1 do
+        local first, count = 0, E
+        if experts then first, count = experts.first, experts.count end
+        for e = first, first + count - 1 do
             local x = ('%sexperts.%d.'):format(m, e)
             add(list, x .. 'gate_proj.weight', {Im, H}, 'normal')
             add(list, x .. 'up_proj.weight', {Im, H}, 'normal')
@@ -104,12 +107,23 @@ function M.mtp_layers(cfg, opts)
     return cfg.num_nextn_predict_layers or 0
 end
 
+-- The routed experts member `rank` of an expert-parallel group of `size` holds: {first=, count=}
+-- (0-based first expert id), consecutive blocks of n_routed_experts / size in rank order.
+function M.expert_range(cfg, rank, size)
+    local E = cfg.n_routed_experts or 0
+    if size > 1 and E % size ~= 0 then
+        error(('n_routed_experts %d is not divisible by the expert-parallel size ep = %d'):format(E, size), 2)
+    end
+    local count = E / size
+    return {first = rank * count, count = count}
+end
+
 function M.spec(cfg, opts)
     local list = {}
     local H, V = cfg.hidden_size, cfg.vocab_size
     add(list, 'model.embed_tokens.weight', {V, H}, 'normal')
     for i = 0, cfg.num_hidden_layers - 1 do
-        layer_specs(list, cfg, i, M.mlp_type(cfg, i), M.has_indexer(cfg, i))
+        layer_specs(list, cfg, i, M.mlp_type(cfg, i), M.has_indexer(cfg, i), opts and opts.experts)
     end
     add(list, 'model.norm.weight', {H}, 'ones')
     if not cfg.tie_word_embeddings then add(list, 'lm_head.weight', {V, H}, 'normal') end
@@ -123,7 +137,7 @@ function M.spec(cfg, opts)
         add(list, p .. 'hnorm.weight', {H}, 'ones')
         add(list, p .. 'eh_proj.weight', {H, 2 * H}, 'normal')
         add(list, p .. 'shared_head.norm.weight', {H}, 'ones')
-        layer_specs(list, cfg, i, 'sparse', cfg.model_type == 'glm_moe_dsa')
+        layer_specs(list, cfg, i, 'sparse', cfg.model_type == 'glm_moe_dsa', opts and opts.experts)
     end
     for k = main + 1, #list do list[k].mtp = true end
     return list

@@ -2,7 +2,7 @@
 -- (Glm4MoeMoE): a sigmoid top-k router, routed experts (gated MLPs) and shared experts.
 -- x (N, H) -> y (N, H). Spec: glm5-architecture.md sections 7, 9.2 and 14.3; docs/model.md.
 --
---   local moe = MoE.new(store, 'model.layers.3.mlp', cfg[, {group_fill = -math.huge}])
+--   local moe = MoE.new(store, 'model.layers.3.mlp', cfg[, {group_fill = -math.huge, ep = group}])
 --   local y, saved, routing = moe:forward(x[, {replay_idx = idx, row_invariant = false}])
 --   local dx = moe:backward(dy, saved[, need_dx])
 --   local idx, w, sk = MoE.route(logits, bias, cfg[, {replay_idx =, group_fill =}])
@@ -31,6 +31,14 @@
 -- (index_select_sum), so every output element is one independent sum, parallel on a GPU and the
 -- same bits on every backend. The backward's dx goes the same way, and the router's gradient
 -- comes back to the (token, slot) layout by a gather through the inverse.
+--
+-- Expert parallel (MoE.new's opts.ep, a lunar.dist group): this rank holds a range of the
+-- experts; after the sort, the rows bound for each member are consecutive, so one all_to_all
+-- (counts first) sends them, the members run their experts on the blocks they received (by
+-- sender, then expert) and a reverse all_to_all brings the unscaled outputs back to be scaled
+-- and combined as above; backward sends the output gradients the same way and brings back the
+-- input gradients and each row's routing-weight gradient. Every member takes part in every
+-- exchange, rows or none. docs/parallel.md.
 --
 -- Routing replay (R3): opts.replay_idx (N, K) gives the expert ids to use; the weights are still
 -- computed from the current router at those ids, so the router gets its gradient.
@@ -151,6 +159,10 @@ end
 
 -- MoE.new(store, name, cfg[, opts]): opts.group_fill overrides the value given to the experts of
 -- dropped groups (default -inf; 0.0 reproduces transformers 4.5x / early v5 Glm4Moe).
+-- opts.ep: a lunar.dist group of expert-parallel ranks: member r holds the routed experts
+-- [r * E / ep, (r + 1) * E / ep) (lunar.model.params.expert_range) and runs them for the tokens
+-- of every member (all_to_all dispatch and combine); the router and the shared experts are
+-- replicated.
 function MoE.new(store, name, cfg, opts)
     opts = opts or {}
     local rc = routing_cfg(cfg, 'MoE ' .. name)
@@ -163,8 +175,17 @@ function MoE.new(store, name, cfg, opts)
         bias_name = name .. '.gate.e_score_correction_bias',
         gate_names = {}, up_names = {}, down_names = {},
         gate_mods = {}, up_mods = {}, down_mods = {},     -- module names (LoRA adapters)
+        first = 0, count = rc.E,                           -- the experts held here: [first, first + count)
     }, MoE)
-    for e = 0, rc.E - 1 do
+    if opts.ep and opts.ep:size() > 1 then
+        local ep = opts.ep:size()
+        if rc.E % ep ~= 0 then
+            fail(('MoE %s: n_routed_experts %d is not divisible by the expert-parallel size ep = %d'):format(name, rc.E, ep))
+        end
+        self.ep, self.count = opts.ep, rc.E / ep
+        self.first = opts.ep:rank() * self.count
+    end
+    for e = self.first, self.first + self.count - 1 do
         local p = name .. '.experts.' .. e
         self.gate_mods[e], self.up_mods[e], self.down_mods[e] = p .. '.gate_proj', p .. '.up_proj', p .. '.down_proj'
         self.gate_names[e] = p .. '.gate_proj.weight'
@@ -178,6 +199,182 @@ function MoE.new(store, name, cfg, opts)
 end
 
 local activate = MLP.activate
+
+-- The routed experts on rows grouped in blocks: xs (R, H), hits = {{e=, off=, n=}, ...} (each
+-- block one expert's rows; an expert may have several blocks, one per sending rank under ep).
+-- Returns Y (R, H), the unscaled outputs, and what backward needs.
+local function experts_forward(self, xs, hits, ri, opts)
+    local store = self.store
+    local R = xs:size(1)
+    local dt, dev = xs:dtype(), xs:device()
+    local Im = store:get(self.gate_names[self.first]):size(1)
+    if R == 0 then return core.empty({0, xs:size(2)}, dt, dev), {Im = Im, empty = true} end
+    local G = core.empty({R, Im}, dt, dev)
+    local U = core.empty({R, Im}, dt, dev)
+    local ls = store.lora and {gate = {}, up = {}, down = {}} or nil    -- LoRA saved state per block
+    -- the experts' products side by side (gemm_grouped), gate and up together
+    local as, bs, cs = {}, {}, {}
+    for _, h in ipairs(hits) do
+        local xe = xs:narrow(1, h.off, h.n)
+        as[#as + 1], bs[#bs + 1], cs[#cs + 1] = xe, store:get(self.gate_names[h.e]), G:narrow(1, h.off, h.n)
+        as[#as + 1], bs[#bs + 1], cs[#cs + 1] = xe, store:get(self.up_names[h.e]), U:narrow(1, h.off, h.n)
+    end
+    if #as > 0 then ops.gemm_grouped(as, bs, {trans_b = true, out = cs, row_invariant = ri}) end
+    if ls then   -- the adapters add their low-rank path into the base products
+        for k, h in ipairs(hits) do
+            local xe = xs:narrow(1, h.off, h.n)
+            local ag, au = store:adapter(self.gate_mods[h.e]), store:adapter(self.up_mods[h.e])
+            if ag then ls.gate[k] = lora.forward(ag, xe, G:narrow(1, h.off, h.n), ri and opts) end
+            if au then ls.up[k] = lora.forward(au, xe, U:narrow(1, h.off, h.n), ri and opts) end
+        end
+    end
+    local A = activate(self.act, G, U)
+    local Y = core.empty({R, xs:size(2)}, dt, dev)
+    as, bs, cs = {}, {}, {}
+    for _, h in ipairs(hits) do
+        as[#as + 1], bs[#bs + 1], cs[#cs + 1] = A:narrow(1, h.off, h.n), store:get(self.down_names[h.e]),
+            Y:narrow(1, h.off, h.n)
+    end
+    if #as > 0 then ops.gemm_grouped(as, bs, {trans_b = true, out = cs, row_invariant = ri}) end
+    if ls then
+        for k, h in ipairs(hits) do
+            local ad = store:adapter(self.down_mods[h.e])
+            if ad then ls.down[k] = lora.forward(ad, A:narrow(1, h.off, h.n), Y:narrow(1, h.off, h.n), ri and opts) end
+        end
+    end
+    A:free()
+    return Y, {G = G, U = U, Im = Im, lora = ls}
+end
+
+-- The experts' backward on the same blocks: dys (R, H) the unscaled output gradients, ws (R, 1)
+-- the routing weights, se what experts_forward saved. Accumulates (+=) the experts' weight
+-- gradients; returns a (R) f32, d loss / d routing weight of each row, and dXs (R, H) (nil
+-- unless want_dx).
+local function experts_backward(self, xs, dys, ws, hits, se, want_dx)
+    local store = self.store
+    local R, H = xs:size(1), xs:size(2)
+    local dt, dev, Im = xs:dtype(), xs:device(), se.Im
+    local a = core.empty({R}, 'f32', dev)
+    if R == 0 then return a, want_dx and core.empty({0, H}, dt, dev) or nil end
+    local A = activate(self.act, se.G, se.U)                          -- (R, Im)
+    local dA = core.empty({R, Im}, dt, dev)
+    local as, bs, cs = {}, {}, {}
+    for _, h in ipairs(hits) do
+        as[#as + 1], bs[#bs + 1], cs[#cs + 1] = dys:narrow(1, h.off, h.n), store:get(self.down_names[h.e]),
+            dA:narrow(1, h.off, h.n)
+    end
+    if #as > 0 then ops.gemm_grouped(as, bs, {out = cs}) end
+    local ls = se.lora
+    if ls then   -- the adapter's share of d act (unscaled like dA): dA += mask * (s dy B) A
+        for k, h in ipairs(hits) do
+            local sv = ls.down[k]
+            if sv then
+                lora.backward(store:adapter(self.down_mods[h.e]), dys:narrow(1, h.off, h.n), sv,
+                    A:narrow(1, h.off, h.n), dA:narrow(1, h.off, h.n), 'input')
+            end
+        end
+    end
+    -- a = <dy, y_unscaled> = <dy W_down, act> (+ the adapter's part, through dA)
+    local prod = ops.mul(dA, A, {out = core.empty({R, Im}, 'f32', dev)})
+    ops.sum(prod, 2, {out = a})
+    prod:free()
+    -- the down adapters' parameters see the routing-weighted dy, and the unscaled act
+    if ls then
+        for k, h in ipairs(hits) do
+            local sv = ls.down[k]
+            if sv then
+                local dyw = ops.mul(dys:narrow(1, h.off, h.n), ws:narrow(1, h.off, h.n))
+                lora.backward(store:adapter(self.down_mods[h.e]), dyw, sv, A:narrow(1, h.off, h.n), nil, 'params')
+                dyw:free()
+            end
+        end
+    end
+    ops.mul(dA, ws, {out = dA})
+    ops.mul(A, ws, {out = A})
+    -- weight gradients (+=): one grouped call per sending rank, so that no call has two blocks
+    -- writing the same gradient
+    local passes = {}
+    for _, h in ipairs(hits) do
+        local s = (h.src or 0) + 1
+        passes[s] = passes[s] or {}
+        table.insert(passes[s], h)
+    end
+    local function each_pass(fn)
+        for s = 1, table.maxn(passes) do if passes[s] then fn(passes[s]) end end
+    end
+    each_pass(function(list)
+        local wa, wb, wc = {}, {}, {}
+        for _, h in ipairs(list) do
+            local gd = store:grad(self.down_names[h.e])
+            if gd then wa[#wa + 1], wb[#wb + 1], wc[#wc + 1] = dys:narrow(1, h.off, h.n), A:narrow(1, h.off, h.n), gd end
+        end
+        if #wa > 0 then ops.gemm_grouped(wa, wb, {trans_a = true, out = wc, beta = 1}) end
+    end)
+    A:free()
+    local dG, dU = MLP.activate_backward(self.act, dA, se.G, se.U)
+    dA:free()
+    local dXs = want_dx and core.empty({R, H}, dt, dev) or nil
+    each_pass(function(list)
+        local wa, wb, wc = {}, {}, {}
+        for _, h in ipairs(list) do
+            local e, o, n = h.e, h.off, h.n
+            local gg, gu = store:grad(self.gate_names[e]), store:grad(self.up_names[e])
+            if gg then wa[#wa + 1], wb[#wb + 1], wc[#wc + 1] = dG:narrow(1, o, n), xs:narrow(1, o, n), gg end
+            if gu then wa[#wa + 1], wb[#wb + 1], wc[#wc + 1] = dU:narrow(1, o, n), xs:narrow(1, o, n), gu end
+        end
+        if #wa > 0 then ops.gemm_grouped(wa, wb, {trans_a = true, out = wc, beta = 1}) end
+    end)
+    if dXs and #hits > 0 then   -- dX = dG Wg, then += dU Wu
+        local ga, gb, gc, ua, ub, uc = {}, {}, {}, {}, {}, {}
+        for _, h in ipairs(hits) do
+            local e, o, n = h.e, h.off, h.n
+            local dxe = dXs:narrow(1, o, n)
+            ga[#ga + 1], gb[#gb + 1], gc[#gc + 1] = dG:narrow(1, o, n), store:get(self.gate_names[e]), dxe
+            ua[#ua + 1], ub[#ub + 1], uc[#uc + 1] = dU:narrow(1, o, n), store:get(self.up_names[e]), dxe
+        end
+        ops.gemm_grouped(ga, gb, {out = gc})
+        ops.gemm_grouped(ua, ub, {out = uc, beta = 1})
+    end
+    if ls then   -- the adapters: their parameter gradients, and their share of dX (after the base dX)
+        for k, h in ipairs(hits) do
+            local e, o, n = h.e, h.off, h.n
+            local xe, dxe = xs:narrow(1, o, n), dXs and dXs:narrow(1, o, n) or nil
+            if ls.gate[k] then lora.backward(store:adapter(self.gate_mods[e]), dG:narrow(1, o, n), ls.gate[k], xe, dxe) end
+            if ls.up[k] then lora.backward(store:adapter(self.up_mods[e]), dU:narrow(1, o, n), ls.up[k], xe, dxe) end
+        end
+    end
+    dG:free()
+    dU:free()
+    return a, dXs
+end
+
+-- Expert parallel: the sorted (token, slot) rows of this rank go to the members holding their
+-- experts. counts (E): this rank's rows per expert. Returns the row splits to send and receive
+-- (one per member) and the blocks of the received rows (by sending member, then expert).
+local function ep_plan(self, counts)
+    local dist = require 'lunar.dist'
+    local ep, El = self.ep:size(), self.count
+    local send, sizes = {}, {}
+    for j = 0, ep - 1 do
+        local s = 0
+        for le = 1, El do s = s + counts[j * El + le] end
+        send[j + 1] = s
+        sizes[j + 1] = El
+    end
+    local c = core.from_flat(counts, {#counts}, 'i64')
+    local got = dist.all_to_all(c, sizes, sizes, {group = self.ep}):tolist_flat()   -- (ep * El)
+    local recv, hits, off = {}, {}, 0
+    for s = 0, ep - 1 do
+        local total = 0
+        for le = 0, El - 1 do
+            local n = got[s * El + le + 1]
+            if n > 0 then hits[#hits + 1] = {e = self.first + le, off = off + 1, n = n, src = s} end
+            off, total = off + n, total + n
+        end
+        recv[s + 1] = total
+    end
+    return send, recv, hits
+end
 
 -- forward(x (N, H)[, {replay_idx = (N, K)}]) -> y (N, H), saved, {idx = (N, K) i64, weights = (N, K) f32}
 function MoE:forward(x, opts)
@@ -225,62 +422,41 @@ function MoE:forward(x, opts)
     local counts = ops.bincount(flat, E):tolist_flat()
     tokrep:free()
 
-    local hits, off, Im = {}, 0, nil
-    for e = 0, E - 1 do
-        local c = counts[e + 1]
-        if c > 0 then
-            hits[#hits + 1] = {e = e, off = off + 1, n = c}
-            Im = Im or store:get(self.gate_names[e]):size(1)
-        end
-        off = off + c
-    end
-
     local out = core.empty({N, H}, dt, dev)
-    local G, U
-    local ls = store.lora and {gate = {}, up = {}, down = {}} or nil    -- LoRA saved state per expert
-    if NK > 0 then
+    local saved = {x = x, x32 = x32, idx = idx, sk = sk, inv = inv, rows = rows, tok = tok, wsorted = wsorted}
+    if self.ep then
+        -- expert parallel: every member takes part, with or without rows
+        local dist = require 'lunar.dist'
+        local send, recv, hits = ep_plan(self, counts)
         local xs = ops.index_select(x, 1, tok)                        -- (NK, H)
-        G = core.empty({NK, Im}, dt, dev)
-        U = core.empty({NK, Im}, dt, dev)
-        -- the experts' products side by side (gemm_grouped), gate and up together
-        local as, bs, cs = {}, {}, {}
-        for _, h in ipairs(hits) do
-            local xe = xs:narrow(1, h.off, h.n)
-            as[#as + 1], bs[#bs + 1], cs[#cs + 1] = xe, store:get(self.gate_names[h.e]), G:narrow(1, h.off, h.n)
-            as[#as + 1], bs[#bs + 1], cs[#cs + 1] = xe, store:get(self.up_names[h.e]), U:narrow(1, h.off, h.n)
-        end
-        ops.gemm_grouped(as, bs, {trans_b = true, out = cs, row_invariant = ri})
-        if ls then   -- the adapters add their low-rank path into the base products
-            for _, h in ipairs(hits) do
-                local xe = xs:narrow(1, h.off, h.n)
-                local ag, au = store:adapter(self.gate_mods[h.e]), store:adapter(self.up_mods[h.e])
-                if ag then ls.gate[h.e] = lora.forward(ag, xe, G:narrow(1, h.off, h.n), ri and opts) end
-                if au then ls.up[h.e] = lora.forward(au, xe, U:narrow(1, h.off, h.n), ri and opts) end
-            end
-        end
+        local xr = dist.all_to_all(xs, send, recv, {group = self.ep}) -- (R, H) by sender, then expert
         xs:free()
-        local A = activate(self.act, G, U)
-        local Y = core.empty({NK, H}, dt, dev)
-        as, bs, cs = {}, {}, {}
-        for _, h in ipairs(hits) do
-            as[#as + 1], bs[#bs + 1], cs[#cs + 1] = A:narrow(1, h.off, h.n), store:get(self.down_names[h.e]),
-                Y:narrow(1, h.off, h.n)
-        end
-        ops.gemm_grouped(as, bs, {trans_b = true, out = cs, row_invariant = ri})
-        if ls then
-            for _, h in ipairs(hits) do
-                local ad = store:adapter(self.down_mods[h.e])
-                if ad then ls.down[h.e] = lora.forward(ad, A:narrow(1, h.off, h.n), Y:narrow(1, h.off, h.n), ri and opts) end
-            end
-        end
-        A:free()
+        local wr = dist.all_to_all(wsorted, send, recv, {group = self.ep})
+        local Yr, se = experts_forward(self, xr, hits, ri, opts)
+        local Y = dist.all_to_all(Yr, recv, send, {group = self.ep})  -- (NK, H) back in sorted order
+        Yr:free()
         ops.mul(Y, wsorted, {out = Y})
         ops.index_select_sum(Y, rows, {out = out})
         Y:free()
+        saved.ep = {send = send, recv = recv, hits = hits, xr = xr, wr = wr, se = se}
+    elseif NK > 0 then
+        local hits, off = {}, 0
+        for e = 0, E - 1 do
+            local c = counts[e + 1]
+            if c > 0 then hits[#hits + 1] = {e = e, off = off + 1, n = c} end
+            off = off + c
+        end
+        local xs = ops.index_select(x, 1, tok)                        -- (NK, H)
+        local Y, se = experts_forward(self, xs, hits, ri, opts)
+        xs:free()
+        ops.mul(Y, wsorted, {out = Y})
+        ops.index_select_sum(Y, rows, {out = out})
+        Y:free()
+        saved.hits, saved.se = hits, se
+    else
+        out:fill_(0)
     end
 
-    local saved = {x = x, x32 = x32, idx = idx, sk = sk, inv = inv, rows = rows, tok = tok, wsorted = wsorted,
-                   hits = hits, G = G, U = U, Im = Im, lora = ls}
     if self.shared then
         local ys, ss = self.shared:forward(x, ri and opts or nil)
         ops.add_(out, ys)
@@ -291,9 +467,9 @@ function MoE:forward(x, opts)
 end
 
 -- backward(dy (N, H), saved[, need_dx]) -> dx (N, H) (nil when need_dx == false). Accumulates
--- (+=) into the gradients of the router weight, of every trainable expert weight (experts that
--- got no token get a zero gradient tensor, as HF's fused expert tensors do) and of the shared
--- experts. e_score_correction_bias gets none.
+-- (+=) into the gradients of the router weight, of every trainable expert weight held here
+-- (experts that got no token get a zero gradient tensor, as HF's fused expert tensors do) and of
+-- the shared experts. e_score_correction_bias gets none.
 function MoE:backward(dy, saved, need_dx)
     local rc, store = self.rc, self.store
     local want_dx = need_dx ~= false
@@ -312,100 +488,39 @@ function MoE:backward(dy, saved, need_dx)
     if want_dx and not dx then dx = core.empty({N, H}, dt, dev):fill_(0) end
 
     -- routed experts; a (NK) = d loss / d routing weight of each sorted pair
-    local a = core.empty({NK}, 'f32', dev):fill_(0)
-    if NK > 0 then
-        local hits, tok, ws, Im = saved.hits, saved.tok, saved.wsorted, saved.Im
-        local xs = ops.index_select(x, 1, tok)                        -- (NK, H)
-        local dys = ops.index_select(dy, 1, tok)                      -- (NK, H), unscaled
-        local A = activate(self.act, saved.G, saved.U)                -- (NK, Im)
-        local dA = core.empty({NK, Im}, dt, dev)
-        local as, bs, cs = {}, {}, {}
-        for _, h in ipairs(hits) do
-            as[#as + 1], bs[#bs + 1], cs[#cs + 1] = dys:narrow(1, h.off, h.n), store:get(self.down_names[h.e]),
-                dA:narrow(1, h.off, h.n)
-        end
-        ops.gemm_grouped(as, bs, {out = cs})
-        local ls = saved.lora
-        if ls then   -- the adapter's share of d act (unscaled like dA): dA += mask * (s dy B) A
-            for _, h in ipairs(hits) do
-                local sv = ls.down[h.e]
-                if sv then
-                    lora.backward(store:adapter(self.down_mods[h.e]), dys:narrow(1, h.off, h.n), sv,
-                        A:narrow(1, h.off, h.n), dA:narrow(1, h.off, h.n), 'input')
-                end
-            end
-        end
-        -- a = <dy, y_unscaled> = <dy W_down, act> (+ the adapter's part, through dA)
-        local prod = ops.mul(dA, A, {out = core.empty({NK, Im}, 'f32', dev)})
-        ops.sum(prod, 2, {out = a})
-        prod:free()
-        -- the down adapters' parameters see the routing-weighted dy, and the unscaled act
-        if ls then
-            for _, h in ipairs(hits) do
-                local sv = ls.down[h.e]
-                if sv then
-                    local dyw = ops.mul(dys:narrow(1, h.off, h.n), ws:narrow(1, h.off, h.n))
-                    lora.backward(store:adapter(self.down_mods[h.e]), dyw, sv, A:narrow(1, h.off, h.n), nil, 'params')
-                    dyw:free()
-                end
-            end
-        end
-        ops.mul(dA, ws, {out = dA})
-        ops.mul(A, ws, {out = A})
-        as, bs, cs = {}, {}, {}
-        for _, h in ipairs(hits) do
-            local gd = store:grad(self.down_names[h.e])
-            if gd then
-                as[#as + 1], bs[#bs + 1], cs[#cs + 1] = dys:narrow(1, h.off, h.n), A:narrow(1, h.off, h.n), gd
-            end
-        end
-        ops.gemm_grouped(as, bs, {trans_a = true, out = cs, beta = 1})
-        A:free()
+    local a, dXs
+    if saved.ep then
+        local dist = require 'lunar.dist'
+        local p = saved.ep
+        local dys = ops.index_select(dy, 1, saved.tok)                -- (NK, H), unscaled
+        local dyr = dist.all_to_all(dys, p.send, p.recv, {group = self.ep})
         dys:free()
-        local dG, dU = MLP.activate_backward(self.act, dA, saved.G, saved.U)
-        dA:free()
-        local dXs = want_dx and core.empty({NK, H}, dt, dev) or nil
-        local wa, wb, wc = {}, {}, {}           -- weight gradients (+=)
-        local ga, gb, gc, ua, ub, uc = {}, {}, {}, {}, {}, {}   -- dX = dG Wg, then += dU Wu
-        for _, h in ipairs(hits) do
-            local e, o, n = h.e, h.off, h.n
-            local xe, dGe, dUe = xs:narrow(1, o, n), dG:narrow(1, o, n), dU:narrow(1, o, n)
-            local gg, gu = store:grad(self.gate_names[e]), store:grad(self.up_names[e])
-            if gg then wa[#wa + 1], wb[#wb + 1], wc[#wc + 1] = dGe, xe, gg end
-            if gu then wa[#wa + 1], wb[#wb + 1], wc[#wc + 1] = dUe, xe, gu end
-            if dXs then
-                local dxe = dXs:narrow(1, o, n)
-                ga[#ga + 1], gb[#gb + 1], gc[#gc + 1] = dGe, store:get(self.gate_names[e]), dxe
-                ua[#ua + 1], ub[#ub + 1], uc[#uc + 1] = dUe, store:get(self.up_names[e]), dxe
-            end
+        local ar, dXr = experts_backward(self, p.xr, dyr, p.wr, p.hits, p.se, want_dx)
+        dyr:free()
+        a = dist.all_to_all(ar:view(ar:numel(), 1), p.recv, p.send, {group = self.ep}):view(NK)
+        if dXr then
+            dXs = dist.all_to_all(dXr, p.recv, p.send, {group = self.ep})
+            dXr:free()
         end
-        ops.gemm_grouped(wa, wb, {trans_a = true, out = wc, beta = 1})
-        if dXs then
-            ops.gemm_grouped(ga, gb, {out = gc})
-            ops.gemm_grouped(ua, ub, {out = uc, beta = 1})
-        end
-        if ls then   -- the adapters: their parameter gradients, and their share of dX (after the base dX)
-            for _, h in ipairs(hits) do
-                local e, o, n = h.e, h.off, h.n
-                local xe, dxe = xs:narrow(1, o, n), dXs and dXs:narrow(1, o, n) or nil
-                if ls.gate[e] then lora.backward(store:adapter(self.gate_mods[e]), dG:narrow(1, o, n), ls.gate[e], xe, dxe) end
-                if ls.up[e] then lora.backward(store:adapter(self.up_mods[e]), dU:narrow(1, o, n), ls.up[e], xe, dxe) end
-            end
-        end
-        dG:free()
-        dU:free()
+    elseif NK > 0 then
+        local xs = ops.index_select(x, 1, saved.tok)                  -- (NK, H)
+        local dys = ops.index_select(dy, 1, saved.tok)                -- (NK, H), unscaled
+        a, dXs = experts_backward(self, xs, dys, saved.wsorted, saved.hits, saved.se, want_dx)
+        dys:free()
         xs:free()
-        if dXs then
-            ops.index_select_sum(dXs, saved.rows, {out = dx, accumulate = true})
-            dXs:free()
-        end
+    else
+        a = core.empty({NK}, 'f32', dev)
+    end
+    if dXs then
+        ops.index_select_sum(dXs, saved.rows, {out = dx, accumulate = true})
+        dXs:free()
     end
     -- experts without tokens: zero gradients exist all the same
-    for e = 0, E - 1 do
+    for e = self.first, self.first + self.count - 1 do
         store:grad(self.gate_names[e]); store:grad(self.up_names[e]); store:grad(self.down_names[e])
     end
     if store.lora then   -- and so do their adapters (PEFT's fused expert adapters always get one)
-        for e = 0, E - 1 do
+        for e = self.first, self.first + self.count - 1 do
             for _, m in ipairs({self.gate_mods[e], self.up_mods[e], self.down_mods[e]}) do
                 local ad = store:adapter(m)
                 if ad then ad.set.params:grad(ad.a_name); ad.set.params:grad(ad.b_name) end

@@ -9,9 +9,11 @@
 --       schedule = {warmup = 100, total = 1000, decay = 'cosine', min_lr = 3e-5},  -- or a Schedule
 --       clip = 1.0,            -- max global grad norm (nil or 0: no clipping)
 --       accum = 1,             -- micro-batches summed into the gradients per step
+--       filter = nil,          -- function(name) -> bool: only these parameters (default: all)
 --   })
 --   ... forward/backward of each micro-batch (the modules accumulate, +=) ...
 --   local info = opt:step{loss = loss}  -- {step=, lr=, grad_norm=, clip_coef=, skipped=, reason=}
+--   opt:step{loss =, grad_norm = n}     -- a norm computed elsewhere (over several optimizers' parameters)
 --   opt:zero_grad()
 --
 -- Which tensors: every trainable parameter of the store that has a gradient tensor when step()
@@ -109,8 +111,9 @@ function AdamW.new(store, o)
             and ('%d'):format(#o.betas) .. ' number' .. (#o.betas == 1 and '' or 's') or tostring(o.betas)))
     end
     local betas = o.betas or {o.beta1 or 0.9, o.beta2 or 0.999}
+    if o.filter ~= nil and type(o.filter) ~= 'function' then fail('AdamW.new: filter must be a function of the name') end
     local self = setmetatable({
-        store = store,
+        store = store, filter = o.filter,
         beta1 = number_opt({b = betas[1]}, 'b', 0.9, 0, 1),
         beta2 = number_opt({b = betas[2]}, 'b', 0.999, 0, 1),
         eps = number_opt(o, 'eps', 1e-8, 0),
@@ -175,7 +178,7 @@ function AdamW:_targets()
     local store = self.store
     local names, ps, gs = {}, {}, {}
     for name in store:names() do
-        local g = store:is_trainable(name) and store.grads[name]
+        local g = store:is_trainable(name) and (not self.filter or self.filter(name)) and store.grads[name]
         if g then
             names[#names + 1] = name
             ps[#ps + 1] = store:get(name)
@@ -226,8 +229,8 @@ function AdamW:step(o)
     if tensor.is_tensor(loss) then loss = loss:item() end
     local function skip(reason) return self:_skip(info, reason) end
     if loss ~= nil and not finite(loss) then return skip('loss') end
-    local norm = #gs > 0 and ops.global_norm(gs) or 0
-    norm = f32(norm / accum)
+    local norm = o.grad_norm
+    if norm == nil then norm = f32((#gs > 0 and ops.global_norm(gs) or 0) / accum) end
     info.grad_norm = norm
     if not finite(norm) then return skip('grad_norm') end
     local coef = 1
@@ -258,6 +261,13 @@ function AdamW:step(o)
 end
 
 function AdamW:zero_grad() self.store:zero_grad() end
+
+-- the sum of squares of the gradients step() would use (before the 1 / micro_batches scaling)
+function AdamW:grad_sq()
+    local _, _, gs = self:_targets()
+    local n = #gs > 0 and ops.global_norm(gs) or 0
+    return n * n
+end
 
 local STATE_BYTES = {f32 = 4, f64 = 8, bf16 = 2, f16 = 2}
 

@@ -95,9 +95,8 @@ function Dist:step(o)
     if loss ~= nil and not finite(loss) then return skip('loss') end
     -- the global norm: this slice's sum of squares, summed over the group (untouched parameters
     -- and the padding are zeros in every slice)
-    local mine = ops.global_norm({self.buffer.shard_grad})
-    local sq = dist.all_reduce(core.from_flat({mine * mine}, {1}, 'f64', 'cpu'), {group = self.group}):item()
-    local norm = f32(math.sqrt(sq) / accum)
+    local norm = o.grad_norm
+    if norm == nil then norm = f32(math.sqrt(self:grad_sq()) / accum) end
     info.grad_norm = norm
     if not finite(norm) then return skip('grad_norm') end
     local coef = 1
@@ -133,6 +132,12 @@ function Dist:step(o)
 end
 
 function Dist:zero_grad() self.buffer.flat:fill_(0) end
+
+-- the sum of squares of the group's gradients (every slice's, summed over the group)
+function Dist:grad_sq()
+    local mine = ops.global_norm({self.buffer.shard_grad})
+    return dist.all_reduce(core.from_flat({mine * mine}, {1}, 'f64', 'cpu'), {group = self.group}):item()
+end
 
 -- bytes of the optimizer state this rank holds, counted from its tensors
 function Dist:state_bytes()

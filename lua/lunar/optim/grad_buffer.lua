@@ -55,7 +55,11 @@ local layer_names = setmetatable({}, {__mode = 'k'})   -- model -> {layer name =
 
 M.DEFAULT_BUCKET_ELEMS = 4 * 2 ^ 20
 
--- new(store, {group =, shard = false, bucket_elems = 4M, model =}) -> buffer
+-- new(store, {group =, shard = false, bucket_elems = 4M, model =, filter =}) -> buffer
+-- filter(name) -> bool: the parameters this buffer holds (default: every trainable one). Several
+-- buffers over disjoint parts of one store (expert parallel: the routed experts reduce over edp,
+-- the rest over dp) each hand out their own views; a name no buffer holds gets the store's own
+-- gradient.
 function M.new(store, o)
     o = o or {}
     local g = o.group
@@ -63,7 +67,7 @@ function M.new(store, o)
     local size, rank = g:size(), g:rank()
     local entries, total, dtype, device = {}, 0, nil, nil
     for _, name in ipairs(M.completion_order(store, o.model)) do
-        if store:is_trainable(name) then
+        if store:is_trainable(name) and (not o.filter or o.filter(name)) then
             local p = store:get(name)
             if not p:is_contiguous() then
                 fail(('grad_buffer: parameter %s is not contiguous; the flat gradient buffer needs contiguous parameters')
@@ -106,16 +110,21 @@ function M.new(store, o)
     self:_make_buckets(o.bucket_elems or M.DEFAULT_BUCKET_ELEMS)
     -- the store hands out views of the buffer from now on (frozen parameters still get nil)
     local buffer = self
+    local outer_grad = store.grad or Params.grad
+    local outer_zero = rawget(store, 'zero_grad')    -- another buffer's, or nil
     store.grad = function(st, name)
         local e = buffer.by_name[name]
-        if not e then return Params.grad(st, name) end
+        if not e then return outer_grad(st, name) end
         if not buffer.touched[e.index] then
             buffer.touched[e.index] = true
             st.grads[name] = e.grad
         end
         return e.grad
     end
-    store.zero_grad = function() flat:fill_(0) end
+    store.zero_grad = function(st)
+        flat:fill_(0)
+        if outer_zero then outer_zero(st) end
+    end
     return self
 end
 

@@ -1,5 +1,6 @@
 -- lunar.train.data_parallel: what the training loop does differently when a recipe runs on
--- several ranks (mpirun -np N with parallel.tp = pp = cp = ep = 1: data parallel over N ranks).
+-- several ranks (mpirun -np N with parallel.tp = pp = cp = 1: data parallel over N ranks, the
+-- routed experts spread over parallel.ep of them; docs/parallel.md).
 --
 --   local dp = data_parallel.setup(cfg)      -- nil on one rank
 --   local opt = dp:optimizer(store, model, adamw_opts)
@@ -26,6 +27,7 @@ local dist = require 'lunar.dist'
 local AdamW = require 'lunar.optim.adamw'
 local grad_buffer = require 'lunar.optim.grad_buffer'
 local distributed = require 'lunar.optim.distributed'
+local partitioned = require 'lunar.optim.partitioned'
 
 local M = {}
 
@@ -41,21 +43,51 @@ function M.setup(cfg)
     local lay = dist.layout{tp = p.tp or 1, pp = p.pp or 1, cp = p.cp or 1, ep = p.ep or 1}
     local g = lay:group('dp')
     local bucket_mb = p.bucket_mb or 16
-    return setmetatable({layout = lay, group = g, rank = g:rank(), size = g:size(),
+    local self = setmetatable({layout = lay, group = g, rank = g:rank(), size = g:size(),
         world_rank = dist.rank(), distributed = p.distributed_optimizer ~= false,
         bucket_elems = math.max(1, math.floor(bucket_mb * 2 ^ 20 / 4))}, DP)
+    if (p.ep or 1) > 1 then self.ep, self.edp = lay:group('ep'), lay:group('edp') end
+    return self
 end
+
+-- expert parallel: the routed experts' parameters (and their adapters), reduced over edp
+local function is_expert(name) return name:find('.mlp.experts.', 1, true) ~= nil end
+M.is_expert = is_expert
 
 function DP:is_main() return self.world_rank == 0 end
 
 -- the optimizer over `store` (the model's parameters, or the LoRA adapters'), with its gradient
 -- buffer watching `model`'s backward
+-- (expert parallel: one buffer and optimizer for the routed experts over edp, one for the rest
+-- over dp, stepped together with one gradient norm by lunar.optim.partitioned)
 function DP:optimizer(store, model, adamw_opts)
-    self.buffer = grad_buffer.new(store, {group = self.group, shard = self.distributed,
-                                          bucket_elems = self.bucket_elems, model = model})
-    self.buffer:watch(model)
-    if self.distributed then return distributed.new(store, self.buffer, adamw_opts) end
-    return AdamW.new(store, adamw_opts)
+    local experts = false
+    if self.ep then
+        for name in store:names() do
+            if store:is_trainable(name) and is_expert(name) then experts = true break end
+        end
+    end
+    local function part(group, filter)
+        local buffer = grad_buffer.new(store, {group = group, shard = self.distributed, bucket_elems = self.bucket_elems,
+                                               model = model, filter = filter})
+        buffer:watch(model)
+        local o = {}
+        for k, v in pairs(adamw_opts) do o[k] = v end
+        o.filter = filter
+        local opt = self.distributed and distributed.new(store, buffer, o) or AdamW.new(store, o)
+        return buffer, opt
+    end
+    if not experts then
+        local opt
+        self.buffer, opt = part(self.group, nil)
+        self.buffers = {self.buffer}
+        return opt
+    end
+    local dense_opt, expert_opt
+    self.buffer, dense_opt = part(self.group, function(name) return not is_expert(name) end)
+    self.expert_buffer, expert_opt = part(self.edp, is_expert)
+    self.buffers = {self.buffer, self.expert_buffer}
+    return partitioned.new{{name = 'dense', opt = dense_opt}, {name = 'experts', opt = expert_opt, across = self.ep}}
 end
 
 -- numbers summed over the ranks (f64)
@@ -67,8 +99,12 @@ end
 
 function DP:sum_counts(targets, tokens) return self:sum(targets, tokens) end
 
-function DP:before_backward(last) if last then self.buffer:arm() end end
-function DP:after_backward(last) if last then self.buffer:finish() end end
+function DP:before_backward(last)
+    if last then for _, b in ipairs(self.buffers) do b:arm() end end
+end
+function DP:after_backward(last)
+    if last then for _, b in ipairs(self.buffers) do b:finish() end end
+end
 
 -- true on every rank when any rank was asked to stop (a signal reaches the ranks at different
 -- steps; they must write the checkpoint and stop at the same one)
@@ -90,6 +126,39 @@ function DP:check_same_checkpoint(st)
     end
 end
 
+-- the model with every routed expert, for writing it whole (collective: every rank calls it, and
+-- each ep group gathers its members' experts). A view of `model` whose store holds this rank's
+-- parameters and the other members' experts, in the one-rank order; save_hf writes what one
+-- rank would.
+function DP:gathered_model(model)
+    if not self.ep then return model end
+    local Params = require 'lunar.nn.params'
+    local params_spec = require 'lunar.model.params'
+    local ep = self.ep:size()
+    local El = model.cfg.n_routed_experts / ep
+    local others = {}
+    for name in model.params:names() do
+        local prefix, e, rest = name:match('^(.*%.mlp%.experts%.)(%d+)(%..*)$')
+        if prefix then
+            local le = tonumber(e) % El
+            local t = model.params:get(name):contiguous()
+            local all = dist.all_gather(t, {group = self.ep})         -- (ep * rows, ...) in ep order
+            local rows = t:size(1)
+            for r = 0, ep - 1 do
+                others[prefix .. (r * El + le) .. rest] = all:narrow(1, r * rows + 1, rows)
+            end
+        end
+    end
+    local full = Params.new()
+    local spec = params_spec.spec(model.cfg, {mtp = #model.mtp > 0})   -- without its MTP layer when the model has none
+    for _, s in ipairs(spec) do
+        local t = model.params:has(s.name) and model.params:get(s.name) or others[s.name]
+        if not t then core.user_error(('gathering the experts: %s is missing'):format(s.name)) end
+        full:add(s.name, t, model.params:has(s.name) and model.params:is_trainable(s.name) or false)
+    end
+    return setmetatable({params = full, cfg = model.cfg, source = model.source}, {__index = model})
+end
+
 local function mib(bytes) return ('%.2f MiB'):format(bytes / 2 ^ 20) end
 
 -- rank 0 prints the layout and every rank's parameter, gradient and optimizer bytes
@@ -100,11 +169,15 @@ function DP:report(cfg, params_store, opt, log)
     if not obytes then
         -- replicated AdamW: two f32 moments (and an f32 master of a non-f32 parameter) per element
         obytes = 0
-        for _, e in ipairs(self.buffer.entries) do
-            obytes = obytes + e.numel * (8 + (e.param:dtype() ~= 'f32' and 4 or 0))
+        for _, b in ipairs(self.buffers) do
+            for _, e in ipairs(b.entries) do
+                obytes = obytes + e.numel * (8 + (e.param:dtype() ~= 'f32' and 4 or 0))
+            end
         end
     end
-    local mine = {pbytes, self.buffer:bytes().grads, obytes}
+    local gbytes = 0
+    for _, b in ipairs(self.buffers) do gbytes = gbytes + b:bytes().grads end
+    local mine = {pbytes, gbytes, obytes}
     local all = dist.all_gather(core.from_flat(mine, {3}, 'f64', 'cpu'), {group = self.group}):tolist_flat()
     local b = self.buffer
     log(cfg, 'data parallel: %d ranks (%s), global batch %d rows = micro_batch %d x grad_accum %d x dp %d',
@@ -114,6 +187,13 @@ function DP:report(cfg, params_store, opt, log)
         #b.buckets == 1 and '' or 's', mib(self.bucket_elems * 4),
         self.distributed and 'reduce-scattered' or 'all-reduced',
         self.distributed and ('sharded: %d elements per rank'):format(b.shard_elems) or 'replicated on every rank')
+    if self.expert_buffer then
+        local eb = self.expert_buffer
+        log(cfg, '  expert parallel: ep=%d (ep groups of ranks %s), edp=%d; the routed experts this rank holds: %d '
+            .. 'elements in %d bucket%s, %s over edp', self.ep:size(), table.concat(self.ep:ranks(), ','),
+            self.edp:size(), eb.total, #eb.buckets, #eb.buckets == 1 and '' or 's',
+            self.distributed and 'reduce-scattered' or 'all-reduced')
+    end
     for r = 0, self.size - 1 do
         log(cfg, '  rank %d: parameters %s, gradients %s, optimizer state %s%s', r, mib(all[r * 3 + 1]),
             mib(all[r * 3 + 2]), mib(all[r * 3 + 3]), self.distributed and ' (when every parameter has state)' or '')

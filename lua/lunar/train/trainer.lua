@@ -138,10 +138,10 @@ local function model_config(cfg)
     return lunar.model.config.from_table(cfg.model.config, 'model.config')
 end
 
-local function build_model(cfg, resume_model_dir)
+local function build_model(cfg, resume_model_dir, ep)
     local mc = cfg.model
     local opts = {dtype = mc.dtype, device = mc.device, seed = mc.seed, indexer_loss_coeff = mc.indexer_loss_coeff,
-                  fp32_residual = mc.fp32_residual, strict = mc.strict or nil}
+                  fp32_residual = mc.fp32_residual, strict = mc.strict or nil, ep = ep}
     if resume_model_dir and not cfg.peft then
         return lunar.model.load(resume_model_dir, opts)
     end
@@ -311,6 +311,28 @@ end
 
 -- ---- setup --------------------------------------------------------------------------------------
 
+-- expert parallel needs routed experts that the ep ranks divide; what it does not do yet is
+-- refused here, on every rank, before any work
+local function check_expert_parallel(cfg, mcfg, dp)
+    local ep, E = dp.ep:size(), mcfg.n_routed_experts
+    if not E or E < 1 then
+        user_error(('parallel.ep=%d: the model (%s) has no routed experts to spread; set parallel.ep=1'):format(ep,
+            tostring(mcfg.architecture)))
+    end
+    if E % ep ~= 0 then
+        user_error(('parallel.ep=%d does not divide the model\'s %d routed experts (n_routed_experts): choose an ep '
+            .. 'that divides %d'):format(ep, E, E))
+    end
+    if cfg.peft then
+        user_error(('parallel.ep=%d with LoRA (peft) is not implemented in this version of lunar: run the LoRA recipe '
+            .. 'data parallel (parallel.ep=1)'):format(ep))
+    end
+    if cfg.checkpoint.every > 0 or (cfg.checkpoint.resume ~= 'none' and cfg.checkpoint.resume ~= 'auto') then
+        user_error(('parallel.ep=%d: checkpoints of expert-parallel runs are not implemented in this version of lunar: '
+            .. 'set checkpoint.every=0 (the final model is still written to output.dir)'):format(ep))
+    end
+end
+
 -- everything a run needs before its first step: {tok, loader, valid, model, adapters, opt, cm,
 -- st (the checkpoint resumed), start (its step)}
 local function setup(cfg)
@@ -325,6 +347,7 @@ local function setup(cfg)
         user_error(('data.seq_len=%d is longer than the model\'s max_position_embeddings=%d; set data.seq_len <= %d')
             :format(cfg.data.seq_len, mpe, mpe))
     end
+    if dp and dp.ep then check_expert_parallel(cfg, mcfg, dp) end
     if not dp or dp:is_main() then check_writable(cfg) end
     local r = {cfg = cfg, mcfg = mcfg, dp = dp}
     r.tok = setting_error('tokenizer=' .. cfg.tokenizer, lunar.tokenizer.load, cfg.tokenizer)
@@ -342,12 +365,16 @@ local function setup(cfg)
         group = dp and dp.group, quiet = dp and not dp:is_main() or nil}
     local st = setting_error('checkpoint.resume=' .. cfg.checkpoint.resume, find_checkpoint, cfg, r.cm)
     if dp then dp:check_same_checkpoint(st) end
+    if st and dp and dp.ep then
+        user_error(('%s: resuming a checkpoint with parallel.ep=%d is not implemented in this version of lunar: set '
+            .. 'checkpoint.resume=none to start afresh, or resume with parallel.ep=1'):format(st.dir, dp.ep:size()))
+    end
     if st then check_resumed_recipe(cfg, st) end
     if st then check_resumed_layout(cfg, st, dp) end
     r.st = st
 
     r.model = setting_error(st and not cfg.peft and ('the checkpoint ' .. st.model_dir) or model_setting,
-        build_model, cfg, st and st.model_dir)
+        build_model, cfg, st and st.model_dir, dp and dp.ep)
     local params = r.model.params
     if cfg.peft then
         -- a resumed LoRA run reads its adapters back (the base weights come from model.path)
@@ -477,6 +504,10 @@ end
 
 local function save_checkpoint(r, step, m)
     local cfg, t0 = r.cfg, lunar.clock()
+    if r.dp and r.dp.ep then   -- refused up front for checkpoint.every; a stop says it here
+        m:note(('step %d: no checkpoint written (expert-parallel runs do not write checkpoints yet)'):format(step))
+        return nil
+    end
     local counts = m:counts()
     local dir, info = r.cm:save(step, {
         save_model = function(dir)
@@ -595,11 +626,16 @@ function M.run(cfg)
     end
     if not stop and not result.stopped_early then eval_now(cfg.train.steps) end
     result.summary = m:close()
+    if stop and r.dp and r.dp.ep then
+        user_error(('%s at step %d of %d; no checkpoint was written (expert-parallel runs do not write checkpoints '
+            .. 'yet)'):format(stop.why, stop.step, cfg.train.steps))
+    end
     if stop then
         user_error(('%s at step %d of %d; the checkpoint %s/%s holds it: run the same command again to resume')
             :format(stop.why, stop.step, cfg.train.steps, cfg.checkpoint.dir, checkpoint.step_name(stop.step)))
     end
-    if main then save_output(cfg, r.model, r.adapters) end
+    local out_model = r.dp and r.dp:gathered_model(r.model) or r.model   -- expert parallel: all the experts
+    if main then save_output(cfg, out_model, r.adapters) end
     local losses = result.losses
     local fall, tail, k = loss_fall(losses)
     result.fall, result.last_loss = fall, r.last_loss
