@@ -236,6 +236,15 @@ function M.recipe(dir, extra)
     return merge(o, extra)
 end
 
+-- the sft recipe (M.recipe under dir, with extra) on this rank alone: the one-rank reference
+function M.single(dir, extra)
+    local recipes = dofile('recipes/common.lua')
+    local cfg = recipes.recipe('sft', M.recipe(dir, extra))
+    recipes.validate(cfg)
+    cfg.single_rank = true
+    return trainer.run(recipes.clean(cfg))
+end
+
 function M.tmpdir()
     local dir
     if d.rank() == 0 then

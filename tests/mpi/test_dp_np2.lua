@@ -9,7 +9,6 @@ local lunar = require 'lunar'
 local common = dofile('tests/mpi/common.lua')
 local dpc = dofile('tests/mpi/dp_common.lua')
 local recipes = dofile('recipes/common.lua')
-local trainer = require 'lunar.train.trainer'
 local d = lunar.dist
 
 lunar.threads(1)
@@ -28,13 +27,7 @@ T:test('one step at dp=2, distributed optimizer off, equals one rank', function(
     dpc.one_step(T, false)
 end)
 
--- the recipe on this rank alone (the reference), in a directory of its own
-local function single(dir, extra)
-    local cfg = recipes.recipe('sft', dpc.recipe(dir, extra))
-    recipes.validate(cfg)
-    cfg.single_rank = true
-    return trainer.run(recipes.clean(cfg))
-end
+local single = dpc.single
 
 T:test('under 2 ranks the recipes whose trainer is not data parallel refuse', function()
     local cfg = recipes.recipe('sft', {})

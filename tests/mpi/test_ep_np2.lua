@@ -7,7 +7,6 @@ local lunar = require 'lunar'
 local common = dofile('tests/mpi/common.lua')
 local dpc = dofile('tests/mpi/dp_common.lua')
 local recipes = dofile('recipes/common.lua')
-local trainer = require 'lunar.train.trainer'
 local d = lunar.dist
 
 lunar.threads(1)
@@ -30,10 +29,7 @@ end)
 
 T:test('20 steps of the tiny SFT recipe at ep=2 give the losses of one rank', function()
     local dir = dpc.tmpdir()
-    local cfg = recipes.recipe('sft', dpc.recipe(dir .. '/one.' .. d.rank(), {data = {micro_batch = 4}}))
-    recipes.validate(cfg)
-    cfg.single_rank = true
-    local one = trainer.run(recipes.clean(cfg))
+    local one = dpc.single(dir .. '/one.' .. d.rank(), {data = {micro_batch = 4}})
     local ep = recipes.run('sft', dpc.recipe(dir .. '/ep', {parallel = {ep = 2}, checkpoint = {every = 0}}))
     T.equal(#ep.losses, 20, 'steps')
     local worst = 0

@@ -9,7 +9,6 @@ local lunar = require 'lunar'
 local common = dofile('tests/mpi/common.lua')
 local dpc = dofile('tests/mpi/dp_common.lua')
 local recipes = dofile('recipes/common.lua')
-local trainer = require 'lunar.train.trainer'
 local data_parallel = require 'lunar.train.data_parallel'
 local d = lunar.dist
 
@@ -62,13 +61,7 @@ T:test('the model written from ep=2 x dp=2 is the one-rank file, byte for byte',
     if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
 end)
 
--- the recipe on this rank alone (the reference), in a directory of its own
-local function single(dir, extra)
-    local cfg = recipes.recipe('sft', dpc.recipe(dir, extra))
-    recipes.validate(cfg)
-    cfg.single_rank = true
-    return trainer.run(recipes.clean(cfg))
-end
+local single = dpc.single
 
 local function same_losses(label, got, want, n)
     T.equal(#got, n, label .. ': steps')
