@@ -197,7 +197,7 @@ function Dist:shard_state()
 end
 
 -- the first difference between a saved manifest and this layout, or nil
-local function layout_difference(saved, now, rank)
+local function layout_difference(saved, now, rank, names_differ)
     if type(saved) ~= 'table' then return 'it was written without a distributed optimizer' end
     if saved.dp ~= now.dp then return ('it was written at dp=%s, this run has dp=%d'):format(tostring(saved.dp), now.dp) end
     if saved.numel ~= now.numel then
@@ -207,7 +207,7 @@ local function layout_difference(saved, now, rank)
     if not a or #a.pieces ~= #b.pieces then return ('rank %d holds other pieces'):format(rank) end
     for i, pc in ipairs(b.pieces) do
         local q = a.pieces[i]
-        if q.name ~= pc.name or q.start ~= pc.start or q.len ~= pc.len then
+        if (q.name ~= pc.name and not names_differ) or q.start ~= pc.start or q.len ~= pc.len then
             return ('rank %d: piece %d is %s [%s, +%s) in the checkpoint, %s [%d, +%d) here'):format(rank, i,
                 tostring(q.name), tostring(q.start), tostring(q.len), pc.name, pc.start, pc.len)
         end
@@ -215,13 +215,15 @@ local function layout_difference(saved, now, rank)
     return nil
 end
 
--- load_state_dict(sd, {shard = tensors of this rank's file})
+-- load_state_dict(sd, {shard = tensors of this rank's file, names_differ =}): names_differ (expert
+-- parallel: the manifest is rank 0's, whose experts have other names) compares the pieces' places
+-- and sizes only
 function Dist:load_state_dict(sd, o)
     o = o or {}
     if type(sd) ~= 'table' or type(sd.scalars) ~= 'table' then
         fail('DistributedAdamW:load_state_dict: expected {tensors = {...}, scalars = {...}}')
     end
-    local why = layout_difference(sd.scalars.distributed, self:manifest(), self.buffer.rank)
+    local why = layout_difference(sd.scalars.distributed, self:manifest(), self.buffer.rank, o.names_differ)
     if why then
         fail(('the optimizer state cannot be loaded into this layout: %s. Resharding the distributed optimizer\'s '
             .. 'state to another data-parallel size is not supported yet: resume with the same number of ranks, '

@@ -85,4 +85,68 @@ function Partitioned:planned_state_bytes()
     return n
 end
 
+-- ---- checkpoints --------------------------------------------------------------------------------
+-- state_dict() is what rank 0 writes: every part's scalars, and the tensors of a replicated part
+-- that every rank holds alike (the dense AdamW). shard_state() is this rank's own tensors: the
+-- pieces of the sharded parts, and the whole state of a replicated part whose parameters differ
+-- between ranks (the experts: `across` set), with its step counts as step.<name>.
+-- load_state_dict(sd, {shard = this rank's tensors}) takes both back.
+
+function Partitioned:state_dict()
+    local sd = {tensors = {}, scalars = {partitioned = {}}}
+    for _, p in ipairs(self.parts) do
+        local s = p.opt:state_dict()
+        if not p.opt.shard_state and not p.across then
+            for k, v in pairs(s.tensors) do sd.tensors[k] = v end
+        end
+        if not p.opt.shard_state and p.across then s.scalars.param_steps = nil end
+        sd.scalars.partitioned[p.name] = s.scalars
+    end
+    return sd
+end
+
+function Partitioned:shard_state()
+    local out = {}
+    for _, p in ipairs(self.parts) do
+        if p.opt.shard_state then
+            for k, v in pairs(p.opt:shard_state()) do out[k] = v end
+        elseif p.across then
+            local s = p.opt:state_dict()
+            for k, v in pairs(s.tensors) do out[k] = v end
+            for name, n in pairs(s.scalars.param_steps or {}) do out['step.' .. name] = core.from_flat({n}, {1}, 'i64', 'cpu') end
+        end
+    end
+    return out
+end
+
+function Partitioned:load_state_dict(sd, o)
+    o = o or {}
+    local saved = type(sd) == 'table' and type(sd.scalars) == 'table' and sd.scalars.partitioned
+    if type(saved) ~= 'table' then
+        fail('the optimizer state was written without expert parallel (one optimizer, not a dense and an expert part)')
+    end
+    for _, p in ipairs(self.parts) do
+        local sc = saved[p.name]
+        if type(sc) ~= 'table' then fail(('the optimizer state has no part %s'):format(tostring(p.name))) end
+        local mine = p.opt.filter or function() return true end
+        if p.opt.shard_state then
+            p.opt:load_state_dict({tensors = {}, scalars = sc}, {shard = o.shard, names_differ = p.across ~= nil})
+        else
+            local from = p.across and (o.shard or fail('this rank\'s optimizer shard is missing')) or sd.tensors or {}
+            local tensors, steps = {}, {}
+            for k, v in pairs(from) do
+                local kind, name = k:match('^([%w_]+)%.(.+)$')
+                if name and mine(name) then
+                    if kind == 'step' then steps[name] = v:item() else tensors[k] = v end
+                end
+            end
+            local s = {}
+            for k, v in pairs(sc) do s[k] = v end
+            if p.across then s.param_steps = steps end
+            p.opt:load_state_dict({tensors = tensors, scalars = s})
+        end
+    end
+    return self
+end
+
 return M

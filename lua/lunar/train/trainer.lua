@@ -307,6 +307,13 @@ local function check_resumed_layout(cfg, st, dp)
             or '', saved.dp, saved.dp > 1 and (' and parallel.distributed_optimizer=' .. tostring(saved.distributed_optimizer))
             or ''))
     end
+    local saved_ep, now_ep = saved.ep or 1, dp and dp.ep and dp.ep:size() or 1
+    if saved_ep ~= now_ep then
+        user_error(('%s was written with parallel.ep=%d, this run has parallel.ep=%d: the optimizer state of the experts '
+            .. 'is split by ep, and resharding it is not supported yet. Resume with parallel.ep=%d, or set '
+            .. 'checkpoint.resume=none to start afresh (its model loads in any layout: model.path=%s)'):format(st.dir,
+            saved_ep, now_ep, saved_ep, st.model_dir))
+    end
 end
 
 -- ---- setup --------------------------------------------------------------------------------------
@@ -326,10 +333,6 @@ local function check_expert_parallel(cfg, mcfg, dp)
     if cfg.peft then
         user_error(('parallel.ep=%d with LoRA (peft) is not implemented in this version of lunar: run the LoRA recipe '
             .. 'data parallel (parallel.ep=1)'):format(ep))
-    end
-    if cfg.checkpoint.every > 0 or (cfg.checkpoint.resume ~= 'none' and cfg.checkpoint.resume ~= 'auto') then
-        user_error(('parallel.ep=%d: checkpoints of expert-parallel runs are not implemented in this version of lunar: '
-            .. 'set checkpoint.every=0 (the final model is still written to output.dir)'):format(ep))
     end
 end
 
@@ -365,10 +368,6 @@ local function setup(cfg)
         group = dp and dp.group, quiet = dp and not dp:is_main() or nil}
     local st = setting_error('checkpoint.resume=' .. cfg.checkpoint.resume, find_checkpoint, cfg, r.cm)
     if dp then dp:check_same_checkpoint(st) end
-    if st and dp and dp.ep then
-        user_error(('%s: resuming a checkpoint with parallel.ep=%d is not implemented in this version of lunar: set '
-            .. 'checkpoint.resume=none to start afresh, or resume with parallel.ep=1'):format(st.dir, dp.ep:size()))
-    end
     if st then check_resumed_recipe(cfg, st) end
     if st then check_resumed_layout(cfg, st, dp) end
     r.st = st
@@ -504,22 +503,21 @@ end
 
 local function save_checkpoint(r, step, m)
     local cfg, t0 = r.cfg, lunar.clock()
-    if r.dp and r.dp.ep then   -- refused up front for checkpoint.every; a stop says it here
-        m:note(('step %d: no checkpoint written (expert-parallel runs do not write checkpoints yet)'):format(step))
-        return nil
-    end
+    -- expert parallel: the model is written whole (every ep group gathers its experts; rank 0 writes)
+    local model = r.dp and not r.adapters and r.dp:gathered_model(r.model) or r.model
     local counts = m:counts()
     local dir, info = r.cm:save(step, {
         save_model = function(dir)
             -- the checkpoint keeps the real dropout (PEFT's own files may say 0, see peft.save)
             -- (what PEFT cannot apply is reported and merged for the final output, not each checkpoint)
             if r.adapters then lunar.peft.save(r.model, dir, {lora_dropout = cfg.peft.dropout or 0, merged = false})
-            else r.model:save_hf(dir, {keep_dtype = true}) end
+            else model:save_hf(dir, {keep_dtype = true}) end
         end,
         optimizer = r.opt:state_dict(), data = r.loader:state(),
         metrics = {loss = r.last_loss, skipped_steps = counts.skipped_steps, nan_steps = counts.nan_steps},
         extra = {lora_rng = r.adapters and r.adapters:rng_state() or nil, recipe = recipe_diff.snapshot(cfg),
-                 parallel = r.dp and {dp = r.dp.size, distributed_optimizer = r.dp.distributed} or nil}},
+                 parallel = r.dp and {dp = r.dp.size, distributed_optimizer = r.dp.distributed,
+                                      ep = r.dp.ep and r.dp.ep:size() or nil} or nil}},
         r.opt.shard_state and r.opt:shard_state() or nil)
     r.saved_step = step
     m:note(('checkpoint step %d: %s (%s, %.1f s)'):format(step, dir, mib(info.bytes), lunar.clock() - t0))
@@ -626,10 +624,6 @@ function M.run(cfg)
     end
     if not stop and not result.stopped_early then eval_now(cfg.train.steps) end
     result.summary = m:close()
-    if stop and r.dp and r.dp.ep then
-        user_error(('%s at step %d of %d; no checkpoint was written (expert-parallel runs do not write checkpoints '
-            .. 'yet)'):format(stop.why, stop.step, cfg.train.steps))
-    end
     if stop then
         user_error(('%s at step %d of %d; the checkpoint %s/%s holds it: run the same command again to resume')
             :format(stop.why, stop.step, cfg.train.steps, cfg.checkpoint.dir, checkpoint.step_name(stop.step)))
