@@ -234,7 +234,7 @@ function Model:prepare(batch)
         key_lists = on(key_lists, dev)
     end
     return {
-        key_lists = key_lists, max_visible = batch.max_visible,
+        key_lists = key_lists, max_visible = batch.max_visible, key_lists_exact = key_lists ~= nil and batch.key_lists_exact == true,
         B = B, T = T, N = B * T, ids = ids:contiguous():view(B * T):to('i64'), input_ids = ids,
         labels = on(batch.labels, dev), routing = routing,
         positions = positions:to('i64'), attention_mask = am, cu_seqlens = cu,

@@ -101,8 +101,9 @@ function GQA:forward(x, batch)
     qh, saved.qn = self:qk_forward(q, NH, self.q_norm, batch)
     kh, saved.kn = self:qk_forward(k, nkv, self.k_norm, batch)
     local o
-    o, saved.att = attention.forward_tokens(qh, kh, v:view({B, T, nkv, hd}), batch.mask, self.scaling,
-        {keys = batch.key_lists})
+    -- exact key lists make the mask redundant (its visible entries add 0): the attention skips it
+    o, saved.att = attention.forward_tokens(qh, kh, v:view({B, T, nkv, hd}),
+        not batch.key_lists_exact and batch.mask or nil, self.scaling, {keys = batch.key_lists})
     local out
     out, saved.o = self.o_proj:forward(o:view({N, NH * hd}))
     return out, saved

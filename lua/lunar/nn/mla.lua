@@ -26,7 +26,8 @@
 --       batch.longest_doc (packed rows: the longest document) is <= index_topk. batch.key_lists
 --       (B, T, K) i64 (with batch.max_visible, the longest list): the keys each query sees, for a
 --       row whose layout the mask alone would make costly (a shared prompt, lunar.rl.batch); the
---       attention reads only those (AND the mask), and a DSA layer whose lists all fit in
+--       attention reads only those (AND the mask; not the mask at all when batch.key_lists_exact
+--       says the lists are exactly the visible keys), and a DSA layer whose lists all fit in
 --       index_topk takes them as its selection.
 --       saved.indexer_loss is the indexer KL loss (full layers with a coefficient > 0).
 --   dx, indexer_loss = attn:backward(dout, saved, need_dx)
@@ -173,7 +174,10 @@ function MLA:forward(x, batch, prev_topk)
     if not kl then
         -- fused, token-major: each query attends its top-k keys that the mask shows
         local asaved
-        o, asaved = attention.forward_tokens(query, key, v, mask, self.scaling, {keys = keys})
+        -- exact key lists (every key listed is visible, and only those) make the mask redundant:
+        -- its visible entries add 0, so the attention skips reading it
+        local amask = (keys ~= nil and keys == batch.key_lists and batch.key_lists_exact) and nil or mask
+        o, asaved = attention.forward_tokens(query, key, v, amask, self.scaling, {keys = keys})
         saved.att = asaved
     else
         -- the indexer KL loss needs the probabilities: the dense path (heads first)

@@ -190,7 +190,8 @@ local function micro_shared(samples, opts)
     local mb = {samples = samples, S = S, R = R, T = T, P = #positions,
         batch = {input_ids = core.from_flat(ids, {1, T}, 'i64', 'cpu'),
                  position_ids = core.from_flat(pos, {1, T}, 'i64', 'cpu'),
-                 key_lists = core.from_flat(lists, {1, T, K}, 'i64', 'cpu'), max_visible = K},
+                 key_lists = core.from_flat(lists, {1, T, K}, 'i64', 'cpu'), max_visible = K,
+                 key_lists_exact = true},   -- the lists are the visible keys: the mask adds nothing
         layout = {docs = core.from_flat(docs, {#docs}, 'i64', 'cpu'), unmask = unmask},
         positions = core.from_flat(positions, {#positions}, 'i64', 'cpu'),
         targets = core.from_flat(targets, {#targets}, 'i64', 'cpu'),
