@@ -349,7 +349,8 @@ local function shape_str(t) return '(' .. table.concat(t:size(), ', ') .. ')' en
 
 -- peft.load(model, dir[, {dtype = 'f32', seed = 0}]) -> the attached adapter set. The tensors
 -- decide which modules get adapters (target_modules / target_parameters are PEFT's business); a
--- pair with A = B = 0 (save's padding of the fused experts) is skipped.
+-- pair with A = B = 0 (save's padding of the fused experts) is skipped, and so is a module the
+-- model does not have for which opts.skip(module) is true (an expert another rank holds).
 function M.load(model, dir, o)
     o = o or {}
     local store = store_of(model)
@@ -384,9 +385,16 @@ function M.load(model, dir, o)
     local set = lora.new_set{seed = o.seed or 0, dtype = o.dtype or 'f32'}
     set.config = {r = r, alpha = alpha, dropout = dropout, rslora = cfg.use_rslora == true,
                   base_model_name_or_path = cfg.base_model_name_or_path ~= io.null and cfg.base_model_name_or_path or nil}
+    local mods_kept = {}
     for _, mod in ipairs(mods) do
         local A, B = pairs_[mod].A, pairs_[mod].B
         if not A or not B then fail(('%s: %s has lora_%s but not lora_%s'):format(wpath, mod, A and 'A' or 'B', A and 'B' or 'A')) end
+        if store:has(mod .. '.weight') or not (o.skip and o.skip(mod)) then
+            mods_kept[#mods_kept + 1] = mod
+        end
+    end
+    for _, mod in ipairs(mods_kept) do
+        local A, B = pairs_[mod].A, pairs_[mod].B
         if not store:has(mod .. '.weight') then fail(('%s: the model has no module %s'):format(wpath, mod)) end
         local why = not_adaptable(mod)
         if why then fail(('%s: %s is %s and cannot have a LoRA adapter'):format(wpath, mod, why)) end

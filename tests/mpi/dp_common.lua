@@ -236,10 +236,13 @@ function M.recipe(dir, extra)
     return merge(o, extra)
 end
 
--- the sft recipe (M.recipe under dir, with extra) on this rank alone: the one-rank reference
+-- the sft recipe (or extra.kind's: M.recipe under dir, with extra) on this rank alone: the
+-- one-rank reference
 function M.single(dir, extra)
     local recipes = dofile('recipes/common.lua')
-    local cfg = recipes.recipe('sft', M.recipe(dir, extra))
+    local kind = extra and extra.kind or 'sft'
+    if extra then extra.kind = nil end
+    local cfg = recipes.recipe(kind, M.recipe(dir, extra))
     recipes.validate(cfg)
     cfg.single_rank = true
     return trainer.run(recipes.clean(cfg))

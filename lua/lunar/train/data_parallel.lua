@@ -156,7 +156,84 @@ function DP:gathered_model(model)
         if not t then core.user_error(('gathering the experts: %s is missing'):format(s.name)) end
         full:add(s.name, t, model.params:has(s.name) and model.params:is_trainable(s.name) or false)
     end
+    local set = model.params.lora
+    if set then full.lora = self:_gathered_adapters(set, El) end
     return setmetatable({params = full, cfg = model.cfg, source = model.source}, {__index = model})
+end
+
+-- expert parallel with LoRA: every member of an ep group must adapt the same projections of its
+-- experts (El per member; the adapters are gathered by local index); a target naming single
+-- experts would not
+function DP:check_adapters(set, El)
+    if not self.ep then return end
+    local h, n = 0, 0
+    for _, name in ipairs(set.order) do
+        local layer, e, rest = name:match('^model%.layers%.(%d+)%.mlp%.experts%.(%d+)%.(.*)$')
+        if layer then
+            local key = ('%s/%d/%s'):format(layer, tonumber(e) % El, rest)
+            for i = 1, #key do h = (h * 31 + key:byte(i)) % 2147483647 end
+            n = n + 1
+        end
+    end
+    local t = dist.all_gather(core.from_flat({n, h}, {2}, 'f64', 'cpu'), {group = self.ep}):tolist_flat()
+    for k = 3, #t, 2 do
+        if t[k] ~= t[1] or t[k + 1] ~= t[2] then
+            core.user_error(('parallel.ep=%d with LoRA: the ranks of an ep group adapt different experts (%d adapters on '
+                .. 'member 0, %d on member %d): target the projections by name (gate_proj, up_proj, down_proj) so that '
+                .. 'every expert has its adapter'):format(self.ep:size(), t[1], t[k], (k - 1) / 2))
+        end
+    end
+end
+
+-- the LoRA adapter set with the adapters of every rank's experts (collective, as above): the
+-- modules in the order lunar.peft.apply makes them (sorted by name)
+function DP:_gathered_adapters(set, El)
+    local lora = require 'lunar.nn.lora'
+    local ep = self.ep:size()
+    local whole = lora.new_set{seed = set.seed, dtype = set.dtype}
+    whole.config, whole.draws, whole.training = set.config, set.draws, set.training
+    local found = {}   -- module name -> {ad = an adapter to copy settings from, A =, B =}
+    -- the experts' adapters in an order every member shares: layer, local index, projection (the
+    -- names hold other expert ids on each member, so their sorted order is not shared)
+    local experts = {}
+    for _, name in ipairs(set.order) do
+        local prefix, e, rest = name:match('^(.*%.mlp%.experts%.)(%d+)(%..*)$')
+        if prefix then
+            experts[#experts + 1] = {name = name, prefix = prefix, le = tonumber(e) % El, rest = rest}
+        else
+            local ad = set.modules[name]
+            found[name] = {ad = ad, A = set.params:get(ad.a_name), B = set.params:get(ad.b_name)}
+        end
+    end
+    table.sort(experts, function(a, b)
+        if a.prefix ~= b.prefix then return a.prefix < b.prefix end
+        if a.le ~= b.le then return a.le < b.le end
+        return a.rest < b.rest
+    end)
+    for _, x in ipairs(experts) do
+        local ad = set.modules[x.name]
+        local A, B = set.params:get(ad.a_name), set.params:get(ad.b_name)
+        local prefix, rest = x.prefix, x.rest
+        do
+            local le = x.le
+            local As = dist.all_gather(A:contiguous(), {group = self.ep})     -- (ep * r, in)
+            local Bs = dist.all_gather(B:t():contiguous(), {group = self.ep}) -- (ep * r, out): B^T blocks
+            local r = A:size(1)
+            for k = 0, ep - 1 do
+                found[prefix .. (k * El + le) .. rest] = {ad = ad, A = As:narrow(1, k * r + 1, r),
+                                                          B = Bs:narrow(1, k * r + 1, r):t()}
+            end
+        end
+    end
+    local names = {}
+    for name in pairs(found) do names[#names + 1] = name end
+    table.sort(names)
+    for _, name in ipairs(names) do
+        local f = found[name]
+        whole:add(name, f.ad.out_features, f.ad.in_features, {r = f.ad.r, alpha = f.ad.alpha, dropout = f.ad.dropout,
+            rslora = f.ad.rslora, A = f.A, B = f.B, device = f.A:device()})
+    end
+    return whole
 end
 
 local function mib(bytes) return ('%.2f MiB'):format(bytes / 2 ^ 20) end

@@ -330,9 +330,11 @@ local function check_expert_parallel(cfg, mcfg, dp)
         user_error(('parallel.ep=%d does not divide the model\'s %d routed experts (n_routed_experts): choose an ep '
             .. 'that divides %d'):format(ep, E, E))
     end
-    if cfg.peft then
-        user_error(('parallel.ep=%d with LoRA (peft) is not implemented in this version of lunar: run the LoRA recipe '
-            .. 'data parallel (parallel.ep=1)'):format(ep))
+    if cfg.peft and (cfg.peft.dropout or 0) > 0 then
+        -- each rank runs its experts' adapters on other ranks' rows: the dropout draws would follow
+        -- neither one rank's stream nor survive a resume
+        user_error(('parallel.ep=%d with peft.dropout=%s: LoRA dropout under expert parallel is not implemented in this '
+            .. 'version of lunar; set peft.dropout=0, or parallel.ep=1'):format(ep, tostring(cfg.peft.dropout)))
     end
 end
 
@@ -378,13 +380,16 @@ local function setup(cfg)
     if cfg.peft then
         -- a resumed LoRA run reads its adapters back (the base weights come from model.path)
         if st then
-            r.adapters = setting_error('the checkpoint ' .. st.model_dir, lunar.peft.load, r.model, st.model_dir)
+            -- (expert parallel: the adapters of the experts this rank does not hold stay in the file)
+            r.adapters = setting_error('the checkpoint ' .. st.model_dir, lunar.peft.load, r.model, st.model_dir,
+                {skip = dp and dp.ep and data_parallel.is_expert or nil})
             -- the dropout stream continues where it stopped (its draws count is in the checkpoint)
             if st.extra and st.extra.lora_rng then r.adapters:set_rng_state(st.extra.lora_rng) end
         else
             r.adapters = setting_error('peft', lunar.peft.apply, r.model, cfg.peft)
         end
         params = r.adapters.params
+        if dp and dp.ep then dp:check_adapters(r.adapters, mcfg.n_routed_experts / dp.ep:size()) end
     end
     log(cfg, 'model: %s, %.2fM parameters (%.2fM trainable)', r.model.cfg.architecture, r.model.params:count() / 1e6,
         params:count() / 1e6)
@@ -504,13 +509,13 @@ end
 local function save_checkpoint(r, step, m)
     local cfg, t0 = r.cfg, lunar.clock()
     -- expert parallel: the model is written whole (every ep group gathers its experts; rank 0 writes)
-    local model = r.dp and not r.adapters and r.dp:gathered_model(r.model) or r.model
+    local model = r.dp and r.dp:gathered_model(r.model) or r.model
     local counts = m:counts()
     local dir, info = r.cm:save(step, {
         save_model = function(dir)
             -- the checkpoint keeps the real dropout (PEFT's own files may say 0, see peft.save)
             -- (what PEFT cannot apply is reported and merged for the final output, not each checkpoint)
-            if r.adapters then lunar.peft.save(r.model, dir, {lora_dropout = cfg.peft.dropout or 0, merged = false})
+            if r.adapters then lunar.peft.save(model, dir, {lora_dropout = cfg.peft.dropout or 0, merged = false})
             else model:save_hf(dir, {keep_dtype = true}) end
         end,
         optimizer = r.opt:state_dict(), data = r.loader:state(),
