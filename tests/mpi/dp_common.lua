@@ -135,16 +135,19 @@ end
 
 -- layout_step(T, spec[, config]): the forward and backward of one step in the layout `spec`
 -- (lunar.dist.layout; the model built over it, the global batch split over dp) against the whole
--- global batch on this rank alone: the loss and every gradient this rank holds, reduced as the
--- layout reduces them (dense parameters over dp, routed experts over edp), within 1e-5 relative
--- L2. Returns the measured numbers.
+-- global batch on this rank alone: the loss and every gradient this rank holds (a tensor-parallel
+-- block against its block of the whole gradient), reduced as the layout reduces them (dense
+-- parameters over dp, routed experts over edp), within 1e-5 relative L2. config: changes to the
+-- tiny preset's model config, or a whole config (with model_type). Returns the measured numbers.
 -- replay = true: both sides replay the routes another model chose for the global batch (R3).
 function M.layout_step(T, spec, config, micro_batch, replay)
     micro_batch = micro_batch or 2
     local lay = d.layout(spec)
-    local dp, ep = lay:group('dp'), lay:group('ep')
+    local dp, ep, tp = lay:group('dp'), lay:group('ep'), lay:group('tp')
     local cfg = {}
-    for k, v in pairs(M.preset.common.model.config) do cfg[k] = v end
+    if not (config and config.model_type) then   -- changes to the tiny preset's, or a whole config
+        for k, v in pairs(M.preset.common.model.config) do cfg[k] = v end
+    end
     for k, v in pairs(config or {}) do cfg[k] = v end
     local full = data.loader{source = documents(), seq_len = M.data.seq_len, micro_batch = micro_batch * dp:size(), seed = 3}
     local ref_batch = full:next()
@@ -174,11 +177,12 @@ function M.layout_step(T, spec, config, micro_batch, replay)
         end
         assert(differ > 0, 'the replayed routes are the ones the model would choose')
     end
-    local B = lunar.model.new(cfg, {seed = 11, ep = ep})
+    local B = lunar.model.new(cfg, {seed = 11, ep = ep, tp = tp})
     local targets = d.all_reduce(lunar.tensor({b.num_targets}, 'f64'), {group = dp}):item()
     T.equal(targets, ref_batch.num_targets, 'global target count')
     local outB = B:forward(b, {loss = true, num_items_in_batch = targets})
     B:backward()
+    B:reduce_tp_grads()
     local loss = d.all_reduce(lunar.tensor({outB.loss}, 'f64'), {group = dp}):item()
     local loss_rel = math.abs(loss - outA.loss) / math.abs(outA.loss)
     assert(loss_rel <= 1e-5, ('loss %.9g, one rank %.9g (rel %.3g)'):format(loss, outA.loss, loss_rel))
@@ -190,6 +194,11 @@ function M.layout_step(T, spec, config, micro_batch, replay)
         local e = name:match('%.mlp%.experts%.(%d+)%.')
         if e then held[#held + 1] = name else dense[#dense + 1] = name end
     end
+    -- tensor parallel: where this rank's block of each split tensor sits in the whole one
+    local slices = {}
+    for _, s in ipairs(lunar.model.params.spec(B.cfg, {tp = {rank = tp:rank(), size = tp:size()}})) do
+        slices[s.name] = s.slice
+    end
     local per_layer = 0
     for name in B.params:names() do if name:match('^model%.layers%.1%.mlp%.experts%.%d+%.gate_proj') then per_layer = per_layer + 1 end end
     T.equal(per_layer, E / ep:size(), 'experts held per layer')
@@ -198,15 +207,20 @@ function M.layout_step(T, spec, config, micro_batch, replay)
         local g = B.params.grads[name]
         if g then d.all_reduce(g, {group = dp}) end
     end
+    -- (with tp and no ep the experts are whole on every rank and see the tp group's same tokens:
+    -- their gradients are the same on the tp ranks and add up over dp only)
+    local expert_group = ep:size() > 1 and lay:group('edp') or dp
     for _, name in ipairs(held) do
         local g = B.params.grads[name]
-        if g then d.all_reduce(g, {group = lay:group('edp')}) end
+        if g then d.all_reduce(g, {group = expert_group}) end
     end
     local worst, worst_name, n = 0, nil, 0
     for _, list in ipairs({dense, held}) do
         for _, name in ipairs(list) do
             local ga, gb = A.params.grads[name], B.params.grads[name]
             assert((ga == nil) == (gb == nil), name .. ': a gradient on one side only')
+            local sl = slices[name]
+            if ga and sl then ga = ga:narrow(sl.dim, sl.start + 1, sl.len) end
             if ga then
                 n = n + 1
                 local r = rel_l2(gb, ga)
@@ -218,6 +232,20 @@ function M.layout_step(T, spec, config, micro_batch, replay)
     assert(worst <= 1e-5, ('gradient of %s: relative L2 %.3g'):format(tostring(worst_name), worst))
     return {loss_rel = loss_rel, grad_rel = worst, grad_name = worst_name, compared = n}
 end
+
+-- a GLM-4.x MoE config (GQA with q/k norms and biases, a dense first layer, MoE with a shared
+-- expert) small enough for the tests, with the tiny tokenizer's vocabulary; its heads, key-value
+-- heads and MLP widths divide by 4
+M.glm4_config = {
+    architectures = {'Glm4MoeForCausalLM'}, model_type = 'glm4_moe', attention_bias = true, use_qk_norm = true,
+    hidden_size = 64, head_dim = 16, num_attention_heads = 8, num_key_value_heads = 4, intermediate_size = 96,
+    moe_intermediate_size = 32, n_routed_experts = 8, num_experts_per_tok = 2, n_shared_experts = 1, n_group = 2,
+    topk_group = 1, norm_topk_prob = true, routed_scaling_factor = 2.5, first_k_dense_replace = 1,
+    num_hidden_layers = 3, num_nextn_predict_layers = 0, hidden_act = 'silu', rms_norm_eps = 1e-5,
+    rope_parameters = {rope_type = 'default', rope_theta = 10000, partial_rotary_factor = 0.5},
+    max_position_embeddings = 1024, vocab_size = 6400, pad_token_id = 6256, initializer_range = 0.02,
+    tie_word_embeddings = false,
+}
 
 -- a small sft recipe (real data) under dir, with overrides
 function M.recipe(dir, extra)

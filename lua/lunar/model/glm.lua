@@ -49,13 +49,13 @@ local function build_layer(store, cfg, i, opts)
         L.attn = nn.MLA.new(store, p .. '.self_attn', cfg, {indexer = kind,
             indexer_loss_coeff = opts.indexer_loss_coeff or 0, indexer_loss = opts.indexer_loss})
     else
-        L.attn = nn.GQA.new(store, p .. '.self_attn', cfg)
+        L.attn = nn.GQA.new(store, p .. '.self_attn', cfg, {tp = opts.tp})
     end
     L.mlp_type = i < cfg.num_hidden_layers and params.mlp_type(cfg, i) or 'sparse'
     if L.mlp_type == 'dense' then
-        L.mlp = nn.MLP.new(store, p .. '.mlp', cfg.hidden_act)
+        L.mlp = nn.MLP.new(store, p .. '.mlp', cfg.hidden_act, {tp = opts.tp})
     else
-        L.mlp = nn.MoE.new(store, p .. '.mlp', cfg, {ep = opts.ep})
+        L.mlp = nn.MoE.new(store, p .. '.mlp', cfg, {ep = opts.ep, tp = opts.tp})
     end
     return L
 end
@@ -109,15 +109,18 @@ function M.new(cfg, opts)
     local store = nn.params.new()
     local std = cfg.initializer_range or 0.02
     local indexer_trainable = (opts.indexer_loss_coeff or 0) > 0
-    local spec_opts = {mtp = opts.mtp}
+    local spec_opts = {mtp = opts.mtp, tp = M.tp_of(cfg, opts)}
     if opts.ep and opts.ep:size() > 1 then
         spec_opts.experts = params.expert_range(cfg, opts.ep:rank(), opts.ep:size())
     end
     for _, s in ipairs(params.spec(cfg, spec_opts)) do
-        local t = core.empty(s.shape, s.dtype or opts.dtype or 'f32', opts.device)
+        -- a tensor-parallel block is drawn as the whole tensor and cut, so every layout starts
+        -- from the one-rank weights
+        local t = core.empty(s.full_shape or s.shape, s.dtype or opts.dtype or 'f32', opts.device)
         if s.init == 'normal' then rng:split(s.name):normal_(t, 0, std)
         elseif s.init == 'ones' then t:fill_(1)
         else t:fill_(0) end
+        if s.slice then t = t:narrow(s.slice.dim, s.slice.start + 1, s.slice.len):contiguous() end
         local trainable = s.trainable
         if s.name:find('.indexer.', 1, true) then trainable = indexer_trainable end
         store:add(s.name, t, trainable)
@@ -126,6 +129,29 @@ function M.new(cfg, opts)
         store:get('model.embed_tokens.weight'):select(1, cfg.pad_token_id + 1):fill_(0)
     end
     return build(cfg, store, opts)
+end
+
+-- opts.tp (a lunar.dist group): {rank =, size =} for lunar.model.params.spec, or nil. Tensor
+-- parallel splits GQA attention (GLM-4.x) and the dense and shared-expert MLPs; MLA is not split yet.
+function M.tp_of(cfg, opts)
+    local g = opts.tp
+    if not g or g:size() <= 1 then return nil end
+    if cfg.model_type == 'glm_moe_dsa' then
+        tensor.fail(('tensor parallel (tp = %d) is not implemented for %s (MLA attention) in this version of lunar; '
+            .. 'it is for GLM-4.x MoE models (GQA)'):format(g:size(), tostring(cfg.architecture)))
+    end
+    if opts.ep and opts.ep:size() > 1 then
+        -- without sequence parallel the tp ranks hold the same tokens, and each would send them to
+        -- the experts: the experts' gradients would count them tp times
+        tensor.fail(('tensor parallel (tp = %d) with expert parallel (ep = %d) is not implemented in this version of '
+            .. 'lunar'):format(g:size(), opts.ep:size()))
+    end
+    for _, k in ipairs({'num_attention_heads', 'num_key_value_heads'}) do
+        if (cfg[k] or 0) % g:size() ~= 0 then
+            tensor.fail(('tensor parallel: %s %s is not divisible by tp = %d'):format(k, tostring(cfg[k]), g:size()))
+        end
+    end
+    return {rank = g:rank(), size = g:size()}
 end
 
 -- A model over an existing parameter store (the loader fills it).
@@ -583,6 +609,33 @@ function Model:backward(opts)
 end
 
 function Model:zero_grad() self.params:zero_grad() end
+
+-- Tensor parallel: the parameters whose gradient each tp rank holds only a part of though the
+-- parameter is whole on every rank (the per-head q_norm / k_norm of GQA, applied to this rank's
+-- heads). reduce_tp_grads() all-reduces them over tp: once a step, after the last backward.
+function Model:tp_partial_grads()
+    local names = {}
+    for _, L in ipairs(self.layers) do
+        local a = L.attn
+        if a.tp then
+            for _, norm in ipairs({'q_norm', 'k_norm'}) do
+                local n = a.name .. '.' .. norm .. '.weight'
+                if a[norm] and self.params:is_trainable(n) then names[#names + 1] = n end
+            end
+        end
+    end
+    return names
+end
+
+function Model:reduce_tp_grads()
+    local tp = self.opts.tp
+    if not tp or tp:size() <= 1 then return end
+    local dist = require 'lunar.dist'
+    for _, n in ipairs(self:tp_partial_grads()) do
+        local g = self.params.grads[n]
+        if g then dist.all_reduce(g, {group = tp}) end
+    end
+end
 
 -- name -> tensor of every parameter (checkpoint names)
 function Model:parameters() return self.params.tensors end

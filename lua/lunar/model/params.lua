@@ -2,18 +2,22 @@
 -- models, by name, with shapes, initialisation and trainability, derived from a validated config
 -- (lunar.model.config). Names are HF's checkpoint names (per-expert experts, as published).
 --
--- spec(cfg[, {mtp = false, experts = {first=, count=}}]) -> list of {name=, shape=, init='normal'|'ones'|'zeros',
+-- spec(cfg[, {mtp = false, experts = {first=, count=}, tp = {rank=, size=}}]) -> list of {name=, shape=, init='normal'|'ones'|'zeros',
 -- trainable=bool, dtype=, mtp=bool}
 -- The MTP layer (num_nextn_predict_layers > 0) is model.layers.<L>.*: a full decoder layer plus
 -- eh_proj, enorm, hnorm and shared_head.norm; it is carried (loaded and saved) and only runs when
 -- the model is asked for the MTP loss. {mtp = false} leaves it out: the model of a checkpoint
 -- that declares the layer in its config but holds none of its tensors (transformers'
 -- save_pretrained writes such checkpoints; see lunar.model.load). {experts = expert_range(...)}
--- lists the routed experts of that range only (what one expert-parallel rank holds).
+-- lists the routed experts of that range only (what one expert-parallel rank holds). {tp = ...}
+-- gives the tensor-parallel rank's blocks of the split tensors (entries with `split`): shape is the
+-- block's, full_shape the checkpoint's, slice = {dim =, start =, len =} where the block sits.
 local M = {}
 
-local function add(list, name, shape, init, trainable, dtype)
-    list[#list + 1] = {name = name, shape = shape, init = init, trainable = trainable ~= false, dtype = dtype}
+-- split: the dim (1 or 2) tensor parallel splits it along (consecutive blocks in rank order), or nil
+local function add(list, name, shape, init, trainable, dtype, split)
+    list[#list + 1] = {name = name, shape = shape, init = init, trainable = trainable ~= false, dtype = dtype,
+                       split = split}
 end
 
 -- The tensors of one decoder layer `i` (prefix model.layers.i.); mlp_type 'dense'|'sparse';
@@ -47,17 +51,17 @@ local function layer_specs(list, cfg, i, mlp_type, indexer, experts)
             add(list, x .. 'k_norm.bias', {Di}, 'zeros')
             add(list, x .. 'weights_proj.weight', {Hi, H}, 'normal')
         end
-    else -- glm4_moe: GQA
+    else -- glm4_moe: GQA (tensor parallel: q/k/v by heads, column; o_proj by heads, row)
         local NH, NKV, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        add(list, a .. 'q_proj.weight', {NH * hd, H}, 'normal')
-        add(list, a .. 'k_proj.weight', {NKV * hd, H}, 'normal')
-        add(list, a .. 'v_proj.weight', {NKV * hd, H}, 'normal')
+        add(list, a .. 'q_proj.weight', {NH * hd, H}, 'normal', nil, nil, 1)
+        add(list, a .. 'k_proj.weight', {NKV * hd, H}, 'normal', nil, nil, 1)
+        add(list, a .. 'v_proj.weight', {NKV * hd, H}, 'normal', nil, nil, 1)
         if cfg.attention_bias then
-            add(list, a .. 'q_proj.bias', {NH * hd}, 'zeros')
-            add(list, a .. 'k_proj.bias', {NKV * hd}, 'zeros')
-            add(list, a .. 'v_proj.bias', {NKV * hd}, 'zeros')
+            add(list, a .. 'q_proj.bias', {NH * hd}, 'zeros', nil, nil, 1)
+            add(list, a .. 'k_proj.bias', {NKV * hd}, 'zeros', nil, nil, 1)
+            add(list, a .. 'v_proj.bias', {NKV * hd}, 'zeros', nil, nil, 1)
         end
-        add(list, a .. 'o_proj.weight', {H, NH * hd}, 'normal')
+        add(list, a .. 'o_proj.weight', {H, NH * hd}, 'normal', nil, nil, 2)
         if cfg.use_qk_norm then
             add(list, a .. 'q_norm.weight', {hd}, 'ones')
             add(list, a .. 'k_norm.weight', {hd}, 'ones')
@@ -66,9 +70,9 @@ local function layer_specs(list, cfg, i, mlp_type, indexer, experts)
     local m = p .. 'mlp.'
     if mlp_type == 'dense' then
         local I = cfg.intermediate_size
-        add(list, m .. 'gate_proj.weight', {I, H}, 'normal')
-        add(list, m .. 'up_proj.weight', {I, H}, 'normal')
-        add(list, m .. 'down_proj.weight', {H, I}, 'normal')
+        add(list, m .. 'gate_proj.weight', {I, H}, 'normal', nil, nil, 1)
+        add(list, m .. 'up_proj.weight', {I, H}, 'normal', nil, nil, 1)
+        add(list, m .. 'down_proj.weight', {H, I}, 'normal', nil, nil, 2)
     else
         local E, Im = cfg.n_routed_experts, cfg.moe_intermediate_size
         add(list, m .. 'gate.weight', {E, H}, 'normal', true, 'f32')
@@ -83,9 +87,9 @@ local function layer_specs(list, cfg, i, mlp_type, indexer, experts)
         end
         local Is = Im * cfg.n_shared_experts
         if Is > 0 then
-            add(list, m .. 'shared_experts.gate_proj.weight', {Is, H}, 'normal')
-            add(list, m .. 'shared_experts.up_proj.weight', {Is, H}, 'normal')
-            add(list, m .. 'shared_experts.down_proj.weight', {H, Is}, 'normal')
+            add(list, m .. 'shared_experts.gate_proj.weight', {Is, H}, 'normal', nil, nil, 1)
+            add(list, m .. 'shared_experts.up_proj.weight', {Is, H}, 'normal', nil, nil, 1)
+            add(list, m .. 'shared_experts.down_proj.weight', {H, Is}, 'normal', nil, nil, 2)
         end
     end
 end
@@ -140,6 +144,24 @@ function M.spec(cfg, opts)
         layer_specs(list, cfg, i, 'sparse', cfg.model_type == 'glm_moe_dsa', opts and opts.experts)
     end
     for k = main + 1, #list do list[k].mtp = true end
+    local tp = opts and opts.tp
+    if tp and tp.size > 1 then
+        -- this rank's block of each split tensor: shape cut, slice = {dim =, start = 0-based, len =}
+        for _, s in ipairs(list) do
+            if s.split then
+                local full = s.shape[s.split]
+                if full % tp.size ~= 0 then
+                    error(('%s: dim %d of size %d is not divisible by the tensor-parallel size tp = %d'):format(s.name,
+                        s.split, full, tp.size), 2)
+                end
+                local len = full / tp.size
+                s.full_shape = {s.shape[1], s.shape[2]}
+                s.shape = {s.shape[1], s.shape[2]}
+                s.shape[s.split] = len
+                s.slice = {dim = s.split, start = tp.rank * len, len = len}
+            end
+        end
+    end
     return list
 end
 

@@ -4,7 +4,7 @@
 -- (nkv*hd, H), each with a bias when cfg.attention_bias; o_proj (H, NH*hd) never has one;
 -- q_norm, k_norm (hd) when cfg.use_qk_norm (RMSNorm with rms_norm_eps, per head, before RoPE).
 --
---   attn = GQA.new(store, name, cfg)
+--   attn = GQA.new(store, name, cfg[, {tp = group}])   -- tp: this rank's heads (Megatron's column/row rule)
 --       cfg: HF fields hidden_size, num_attention_heads, num_key_value_heads, head_dim (default
 --       hidden_size / num_attention_heads), partial_rotary_factor (or rope_parameters.
 --       partial_rotary_factor; default 0.5), attention_bias, use_qk_norm, rms_norm_eps (1e-5).
@@ -32,11 +32,22 @@ local function need(cfg, key, who)
     return v
 end
 
-function GQA.new(store, name, cfg)
+function GQA.new(store, name, cfg, opts)
     local who = 'GQA ' .. name
     local H, NH = need(cfg, 'hidden_size', who), need(cfg, 'num_attention_heads', who)
     local nkv = cfg.num_key_value_heads or NH
     local hd = cfg.head_dim or H / NH
+    -- tensor parallel: this rank's heads (q/k/v column parallel, o_proj row parallel)
+    local tp = opts and opts.tp
+    if tp and tp:size() > 1 then
+        if NH % tp:size() ~= 0 or nkv % tp:size() ~= 0 then
+            tensor.fail(('%s: num_attention_heads %d and num_key_value_heads %d must be divisible by tp = %d'):format(
+                who, NH, nkv, tp:size()))
+        end
+        NH, nkv = NH / tp:size(), nkv / tp:size()
+    else
+        tp = nil
+    end
     local prf = cfg.partial_rotary_factor
     if prf == nil and type(cfg.rope_parameters) == 'table' then prf = cfg.rope_parameters.partial_rotary_factor end
     prf = prf or 0.5
@@ -49,7 +60,7 @@ function GQA.new(store, name, cfg)
     local bias = cfg.attention_bias and true or false
     local eps = cfg.rms_norm_eps or 1e-5
     local self = setmetatable({
-        store = store, name = name, H = H, NH = NH, nkv = nkv, hd = hd, rot_dim = rot, scaling = hd ^ -0.5,
+        store = store, name = name, H = H, NH = NH, nkv = nkv, hd = hd, rot_dim = rot, scaling = hd ^ -0.5, tp = tp,
         q_proj = Linear.new(store, name .. '.q_proj', {bias = bias}),
         k_proj = Linear.new(store, name .. '.k_proj', {bias = bias}),
         v_proj = Linear.new(store, name .. '.v_proj', {bias = bias}),
@@ -106,6 +117,7 @@ function GQA:forward(x, batch)
         not batch.key_lists_exact and batch.mask or nil, self.scaling, {keys = batch.key_lists})
     local out
     out, saved.o = self.o_proj:forward(o:view({N, NH * hd}))
+    if self.tp then require('lunar.dist').all_reduce(out, {group = self.tp}) end   -- the heads' partial sums
     return out, saved
 end
 
@@ -121,7 +133,9 @@ function GQA:backward(dout, saved, need_dx)
     local dx2 = self.k_proj:backward(dk, saved.k, need_dx)
     local dx3 = self.v_proj:backward(dv:view({N, nkv * hd}), saved.v, need_dx)
     if need_dx == false then return nil end
-    return ops.add_(ops.add_(dx, dx2), dx3)
+    dx = ops.add_(ops.add_(dx, dx2), dx3)
+    if self.tp then require('lunar.dist').all_reduce(dx, {group = self.tp}) end
+    return dx
 end
 
 return GQA

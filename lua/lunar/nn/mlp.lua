@@ -26,10 +26,14 @@ function MLP.check_act(act, where)
     end
 end
 
-function MLP.new(store, name, act)
+-- opts.tp (a lunar.dist group): tensor parallel, this rank holds a block of gate/up's rows (column
+-- parallel) and the same block of down's columns (row parallel); the output's partial sums and the
+-- input gradient's are all-reduced over the group (Megatron's column/row rule)
+function MLP.new(store, name, act, opts)
     MLP.check_act(act, 'MLP ' .. name)
+    local tp = opts and opts.tp
     return setmetatable({
-        name = name, act = act,
+        name = name, act = act, tp = tp and tp:size() > 1 and tp or nil,
         gate = Linear.new(store, name .. '.gate_proj'),
         up = Linear.new(store, name .. '.up_proj'),
         down = Linear.new(store, name .. '.down_proj'),
@@ -61,6 +65,7 @@ function MLP:forward(x, opts)
     local u, su = self.up:forward(x, opts)
     local a = activate(self.act, g, u)
     local y, sd = self.down:forward(a, opts)
+    if self.tp then require('lunar.dist').all_reduce(y, {group = self.tp}) end
     return y, {g = g, u = u, sg = sg, su = su, sd = sd}
 end
 
@@ -70,7 +75,9 @@ function MLP:backward(dy, saved, need_dx)
     local dx1 = self.gate:backward(dg, saved.sg, need_dx)
     local dx2 = self.up:backward(du, saved.su, need_dx)
     if need_dx == false then return nil end
-    return ops.add_(dx1, dx2)
+    local dx = ops.add_(dx1, dx2)
+    if self.tp then require('lunar.dist').all_reduce(dx, {group = self.tp}) end
+    return dx
 end
 
 return MLP

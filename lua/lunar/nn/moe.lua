@@ -194,7 +194,7 @@ function MoE.new(store, name, cfg, opts)
     end
     local ns = cfg.n_shared_experts
     if ns == nil then ns = 1 end
-    if ns > 0 then self.shared = MLP.new(store, name .. '.shared_experts', act) end
+    if ns > 0 then self.shared = MLP.new(store, name .. '.shared_experts', act, {tp = opts.tp}) end
     return self
 end
 

@@ -1,0 +1,34 @@
+-- np: 4
+-- Tensor parallel on 4 ranks, a GLM-4.x MoE model: one step at tp=4 and at tp=2 x dp=2 equals one
+-- rank's on the whole global batch (the loss and every gradient within 1e-5 relative L2, each
+-- rank's block against its block of the whole gradient); tp with ep is refused, naming both.
+local lunar = require 'lunar'
+local common = dofile('tests/mpi/common.lua')
+local dpc = dofile('tests/mpi/dp_common.lua')
+local d = lunar.dist
+
+lunar.threads(1)
+local T = common.suite('tensor parallel np4', 4)
+
+local function report(label, m)
+    if d.rank() == 0 then
+        print(('  %s: loss rel %.2g, worst gradient rel %.2g (%s), %d gradients'):format(label, m.loss_rel, m.grad_rel,
+            tostring(m.grad_name), m.compared))
+    end
+end
+
+T:test('one step at tp=4 equals one rank (GLM-4.x MoE)', function()
+    report('tp=4', dpc.layout_step(T, {tp = 4}, dpc.glm4_config))
+end)
+
+T:test('one step at tp=2 x dp=2 equals one rank (GLM-4.x MoE)', function()
+    report('tp=2 x dp=2', dpc.layout_step(T, {tp = 2}, dpc.glm4_config))
+end)
+
+T:test('tp with ep is refused on every rank, naming both', function()
+    local lay = d.layout{tp = 2, ep = 2}
+    T.raises(function() lunar.model.new(dpc.glm4_config, {tp = lay:group('tp'), ep = lay:group('ep')}) end,
+        'tensor parallel (tp = 2) with expert parallel (ep = 2) is not implemented')
+end)
+
+os.exit(T:run())
