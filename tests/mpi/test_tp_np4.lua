@@ -1,6 +1,6 @@
 -- np: 4
--- Tensor parallel on 4 ranks, a GLM-4.x MoE model: one step at tp=4 and at tp=2 x dp=2 equals one
--- rank's on the whole global batch (the loss and every gradient within 1e-5 relative L2, each
+-- Tensor parallel on 4 ranks, a GLM-4.x MoE model and the tiny GLM-5: one step at tp=4 and at
+-- tp=2 x dp=2 equals one rank's on the whole global batch (the loss and every gradient within 1e-5 relative L2, each
 -- rank's block against its block of the whole gradient); tp with ep is refused, naming both.
 local lunar = require 'lunar'
 local common = dofile('tests/mpi/common.lua')
@@ -23,6 +23,11 @@ end)
 
 T:test('one step at tp=2 x dp=2 equals one rank (GLM-4.x MoE)', function()
     report('tp=2 x dp=2', dpc.layout_step(T, {tp = 2}, dpc.glm4_config))
+end)
+
+T:test('one step at tp=4 and tp=2 x dp=2 equals one rank (the tiny GLM-5: MLA, DSA, MoE)', function()
+    report('tp=4 GLM-5', dpc.layout_step(T, {tp = 4}))
+    report('tp=2 x dp=2 GLM-5, index_topk 64', dpc.layout_step(T, {tp = 2}, {index_topk = 64}))
 end)
 
 T:test('tp with ep is refused on every rank, naming both', function()

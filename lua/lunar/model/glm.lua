@@ -46,7 +46,7 @@ local function build_layer(store, cfg, i, opts)
     if cfg.model_type == 'glm_moe_dsa' then
         -- MTP layers (i >= num_hidden_layers) run their own indexer
         local kind = (i >= cfg.num_hidden_layers or params.has_indexer(cfg, i)) and 'full' or 'shared'
-        L.attn = nn.MLA.new(store, p .. '.self_attn', cfg, {indexer = kind,
+        L.attn = nn.MLA.new(store, p .. '.self_attn', cfg, {indexer = kind, tp = opts.tp,
             indexer_loss_coeff = opts.indexer_loss_coeff or 0, indexer_loss = opts.indexer_loss})
     else
         L.attn = nn.GQA.new(store, p .. '.self_attn', cfg, {tp = opts.tp})
@@ -136,9 +136,14 @@ end
 function M.tp_of(cfg, opts)
     local g = opts.tp
     if not g or g:size() <= 1 then return nil end
-    if cfg.model_type == 'glm_moe_dsa' then
-        tensor.fail(('tensor parallel (tp = %d) is not implemented for %s (MLA attention) in this version of lunar; '
-            .. 'it is for GLM-4.x MoE models (GQA)'):format(g:size(), tostring(cfg.architecture)))
+    if cfg.model_type == 'glm_moe_dsa' and cfg.attention_bias then
+        tensor.fail(('tensor parallel (tp = %d) with attention_bias (o_proj\'s bias) is not implemented for %s'):format(
+            g:size(), tostring(cfg.architecture)))
+    end
+    if (opts.indexer_loss_coeff or 0) > 0 then
+        -- the indexer's KL target is the attention's distribution summed over all heads
+        tensor.fail(('tensor parallel (tp = %d) with the DSA indexer loss is not implemented in this version of lunar')
+            :format(g:size()))
     end
     if opts.ep and opts.ep:size() > 1 then
         -- without sequence parallel the tp ranks hold the same tokens, and each would send them to
@@ -611,17 +616,18 @@ end
 function Model:zero_grad() self.params:zero_grad() end
 
 -- Tensor parallel: the parameters whose gradient each tp rank holds only a part of though the
--- parameter is whole on every rank (the per-head q_norm / k_norm of GQA, applied to this rank's
--- heads). reduce_tp_grads() all-reduces them over tp: once a step, after the last backward.
+-- parameter is whole on every rank (GQA's per-head q_norm / k_norm, applied to this rank's heads;
+-- MLA's low-rank q_a / kv_a projections and their norms, which feed this rank's heads).
+-- reduce_tp_grads() all-reduces them over tp: once a step, after the last backward.
 function Model:tp_partial_grads()
     local names = {}
-    for _, L in ipairs(self.layers) do
+    local layers = {}
+    for _, L in ipairs(self.layers) do layers[#layers + 1] = L end
+    for _, m in ipairs(self.mtp) do layers[#layers + 1] = m.layer end
+    for _, L in ipairs(layers) do
         local a = L.attn
-        if a.tp then
-            for _, norm in ipairs({'q_norm', 'k_norm'}) do
-                local n = a.name .. '.' .. norm .. '.weight'
-                if a[norm] and self.params:is_trainable(n) then names[#names + 1] = n end
-            end
+        for _, n in ipairs(a.tp and a:tp_partial() or {}) do
+            if self.params:has(n) and self.params:is_trainable(n) then names[#names + 1] = n end
         end
     end
     return names

@@ -34,12 +34,12 @@ local function layer_specs(list, cfg, i, mlp_type, indexer, experts)
         add(list, a .. 'q_a_proj.weight', {Rq, H}, 'normal')
         if cfg.attention_bias then add(list, a .. 'q_a_proj.bias', {Rq}, 'zeros') end
         add(list, a .. 'q_a_layernorm.weight', {Rq}, 'ones')
-        add(list, a .. 'q_b_proj.weight', {NH * (Dn + Dr), Rq}, 'normal')
+        add(list, a .. 'q_b_proj.weight', {NH * (Dn + Dr), Rq}, 'normal', nil, nil, 1)
         add(list, a .. 'kv_a_proj_with_mqa.weight', {Rkv + Dr, H}, 'normal')
         if cfg.attention_bias then add(list, a .. 'kv_a_proj_with_mqa.bias', {Rkv + Dr}, 'zeros') end
         add(list, a .. 'kv_a_layernorm.weight', {Rkv}, 'ones')
-        add(list, a .. 'kv_b_proj.weight', {NH * (Dn + Dv), Rkv}, 'normal')
-        add(list, a .. 'o_proj.weight', {H, NH * Dv}, 'normal')
+        add(list, a .. 'kv_b_proj.weight', {NH * (Dn + Dv), Rkv}, 'normal', nil, nil, 1)
+        add(list, a .. 'o_proj.weight', {H, NH * Dv}, 'normal', nil, nil, 2)
         if cfg.attention_bias then add(list, a .. 'o_proj.bias', {H}, 'zeros') end
         if indexer then
             -- trained only by the optional indexer loss: no gradient from the LM loss (HF no_grad)

@@ -73,6 +73,14 @@ function GQA.new(store, name, cfg, opts)
     return self
 end
 
+-- tensor parallel: the whole parameters whose gradients cover this rank's heads only
+function GQA:tp_partial()
+    local out = {}
+    if self.q_norm then out[#out + 1] = self.name .. '.q_norm.weight' end
+    if self.k_norm then out[#out + 1] = self.name .. '.k_norm.weight' end
+    return out
+end
+
 local function rope_opts(batch) return {layout = 'half', scale = batch.rope_scale or 1} end
 
 -- (N, heads*hd) projection -> optional per-head RMSNorm -> RoPE -> (B, T, heads, hd) contiguous

@@ -69,9 +69,19 @@ function MLA.new(store, name, cfg, opts)
     opts = opts or {}
     local who = 'MLA ' .. name
     local bias = cfg.attention_bias and true or false
+    -- tensor parallel: this rank's heads (q_b_proj and kv_b_proj column parallel by heads, o_proj row
+    -- parallel); the low-rank projections, their norms and the indexer stay whole
+    local NH = need(cfg, 'num_attention_heads', who)
+    local tp = opts.tp and opts.tp:size() > 1 and opts.tp or nil
+    if tp then
+        if NH % tp:size() ~= 0 then
+            tensor.fail(('%s: num_attention_heads %d is not divisible by tp = %d'):format(who, NH, tp:size()))
+        end
+        NH = NH / tp:size()
+    end
     local self = setmetatable({
-        store = store, name = name,
-        H = need(cfg, 'hidden_size', who), NH = need(cfg, 'num_attention_heads', who),
+        store = store, name = name, tp = tp,
+        H = need(cfg, 'hidden_size', who), NH = NH,
         Rq = need(cfg, 'q_lora_rank', who), Rkv = need(cfg, 'kv_lora_rank', who),
         Dn = need(cfg, 'qk_nope_head_dim', who), Dr = need(cfg, 'qk_rope_head_dim', who),
         Dv = need(cfg, 'v_head_dim', who),
@@ -101,6 +111,19 @@ function MLA.new(store, name, cfg, opts)
 end
 
 local function rope_opts(batch) return {layout = 'interleaved_to_half', scale = batch.rope_scale or 1} end
+
+-- tensor parallel: the whole parameters whose gradients cover this rank's heads only (everything
+-- before q_b_proj and kv_b_proj, which feed the heads; the indexer gets no LM-loss gradient)
+function MLA:tp_partial()
+    local out = {}
+    for _, m in ipairs({self.q_a_proj, self.kv_a_proj}) do
+        out[#out + 1] = m.name .. '.weight'
+        out[#out + 1] = m.name .. '.bias'
+    end
+    out[#out + 1] = self.name .. '.q_a_layernorm.weight'
+    out[#out + 1] = self.name .. '.kv_a_layernorm.weight'
+    return out
+end
 
 function MLA:forward(x, batch, prev_topk)
     local B, T, NH, Dn, Dr, Dv, Dqk, Rkv = batch.B, batch.T, self.NH, self.Dn, self.Dr, self.Dv, self.Dqk, self.Rkv
@@ -206,6 +229,7 @@ function MLA:forward(x, batch, prev_topk)
     local of = o:contiguous():view({N, NH * Dv})
     local out
     out, saved.o = self.o_proj:forward(of)
+    if self.tp then require('lunar.dist').all_reduce(out, {group = self.tp}) end   -- the heads' partial sums
     return out, saved, topk
 end
 
@@ -243,7 +267,12 @@ function MLA:backward(dout, saved, need_dx)
     local dqa = self.q_a_layernorm:backward(dq_resid, saved.qn)
     local dx2 = self.q_a_proj:backward(dqa, saved.qa, need_dx)
     if need_dx == false then return nil, indexer_loss end
-    return ops.add_(dx, dx2), indexer_loss
+    dx = ops.add_(dx, dx2)
+    -- tensor parallel: this rank's heads' share of dx (the whole sub-modules before the heads ran
+    -- on this rank's share of their output gradient; their parameter gradients are reduced once a
+    -- step, model:reduce_tp_grads)
+    if self.tp then require('lunar.dist').all_reduce(dx, {group = self.tp}) end
+    return dx, indexer_loss
 end
 
 return MLA
