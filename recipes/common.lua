@@ -507,9 +507,9 @@ function M.check_runnable(cfg)
     local n = math.max(1, h.nodes * math.max(h.gpus_per_node, 1))
     if n > 1 and n ~= env.size then
         user_error(('recipe %s describes a %d-GPU job (%d node%s x %d %s; TP%d PP%d CP%d EP%d) but runs as %d rank%s: '
-            .. 'tensor, pipeline and context parallel training are not implemented in this version of lunar '
-            .. '(data and expert parallel are); the tiny preset runs on one CPU process, or data and expert parallel '
-            .. 'under mpirun'):format(
+            .. 'pipeline and context parallel training are not implemented in this version of lunar '
+            .. '(data, tensor and expert parallel are); the tiny preset runs on one CPU process, or data, tensor and '
+            .. 'expert parallel under mpirun'):format(
             cfg.name, n, h.nodes, h.nodes == 1 and '' or 's', h.gpus_per_node, h.gpu, p.tp, p.pp, p.cp, p.ep,
             env.size, env.size == 1 and '' or 's'))
     end
@@ -520,12 +520,26 @@ function M.check_runnable(cfg)
         end
     end
     local missing
-    for _, k in ipairs({'tp', 'pp', 'cp', 'etp', 'vpp'}) do
+    for _, k in ipairs({'pp', 'cp', 'etp', 'vpp'}) do
         if p[k] ~= 1 and not missing then
-            missing = ('parallel.%s=%s: this parallel degree is not implemented in this version of lunar (data and '
-                .. 'expert parallel are: mpirun -np N with parallel.ep dividing N and parallel.tp, pp, cp, etp and vpp '
-                .. 'all 1); set parallel.%s=1'):format(k, tostring(p[k]), k)
+            missing = ('parallel.%s=%s: this parallel degree is not implemented in this version of lunar (data, tensor '
+                .. 'and expert parallel are: mpirun -np N with parallel.tp or parallel.ep dividing N and parallel.pp, '
+                .. 'cp, etp and vpp all 1); set parallel.%s=1'):format(k, tostring(p[k]), k)
         end
+    end
+    if not missing and p.tp > 1 and p.ep > 1 then
+        missing = ('parallel.tp=%d with parallel.ep=%d: tensor and expert parallel together are not implemented in this '
+            .. 'version of lunar (without sequence parallel the tp ranks hold the same tokens); use one of them')
+            :format(p.tp, p.ep)
+    end
+    if not missing and p.tp > 1 and cfg.peft then
+        missing = ('parallel.tp=%d with LoRA (peft): adapters on split projections are not implemented in this version '
+            .. 'of lunar; run the LoRA recipe data or expert parallel'):format(p.tp)
+    end
+    if not missing and p.tp > 1 and p.distributed_optimizer == false then
+        missing = ('parallel.tp=%d with parallel.distributed_optimizer=false is not implemented in this version of '
+            .. 'lunar (the replicated optimizer\'s state differs between the tp ranks and is written by one); leave '
+            .. 'parallel.distributed_optimizer=true'):format(p.tp)
     end
     -- the layout first, so that a world the degrees do not divide is named with its numbers
     local ok, err = pcall(lunar.dist.plan, {tp = p.tp, pp = p.pp, cp = p.cp, ep = p.ep}, env.size)

@@ -40,4 +40,48 @@ T:test('heads that tp does not divide fail on every rank naming the numbers', fu
         'tensor parallel (tp = 2) with the DSA indexer loss is not implemented')
 end)
 
+local recipes = dofile('recipes/common.lua')
+
+T:test('20 steps of the tiny SFT recipe at tp=2 give the losses of one rank; stopped and resumed, bit for bit', function()
+    local dir = dpc.tmpdir()
+    local one = dpc.single(dir .. '/one.' .. d.rank(), {})
+    local tp = recipes.run('sft', dpc.recipe(dir .. '/tp', {parallel = {tp = 2}, checkpoint = {every = 0}}))
+    T.equal(#tp.losses, 20, 'steps')
+    local worst = 0
+    for i = 1, 20 do
+        local rel = math.abs(tp.losses[i] - one.losses[i]) / math.abs(one.losses[i])
+        assert(rel <= 1e-5, ('step %d: loss %.9g at tp=2, %.9g on one rank (rel %.3g)'):format(i, tp.losses[i],
+            one.losses[i], rel))
+        worst = math.max(worst, rel)
+    end
+    -- the written model is the whole model: it loads on one rank, strictly, within rounding of one rank's
+    if d.rank() == 0 then
+        local m = lunar.model.load(dir .. '/tp/final', {strict = true})
+        local r = one.model
+        local worst_p = 0
+        for name in r.params:names() do
+            worst_p = math.max(worst_p, dpc.rel_l2(m.params:get(name), r.params:get(name)))
+        end
+        assert(worst_p <= 1e-3, ('the written model differs from one rank\'s by %.3g'):format(worst_p))
+        print(('  20 steps at tp=2: worst loss rel %.2g; written weights within %.2g of one rank\'s'):format(worst, worst_p))
+    end
+    -- a run stopped after step 5 (checkpoint at 3) and resumed gives the same later losses
+    local over = {train = {steps = 8}, checkpoint = {every = 3}, parallel = {tp = 2}}
+    local whole = recipes.run('sft', dpc.recipe(dir .. '/whole', over))
+    local cut = dpc.recipe(dir .. '/cut', over)
+    cut.stop_after = 5
+    recipes.run('sft', cut)
+    cut.stop_after = false
+    local second = recipes.run('sft', cut)
+    T.equal(second.start_step, 3, 'resumed from the checkpoint of step 3')
+    for i = 4, 8 do
+        assert(whole.losses[i] == second.losses[i - 3], ('tp=2 step %d: loss %.17g uninterrupted, %.17g resumed'):format(
+            i, whole.losses[i], second.losses[i - 3]))
+    end
+    T.raises(function() dpc.single(dir .. '/cut', {train = {steps = 8}, checkpoint = {every = 3}}) end,
+        'was written with parallel.tp=2, this run has parallel.tp=1')
+    d.barrier()
+    if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
+end)
+
 os.exit(T:run())

@@ -36,4 +36,27 @@ T:test('tp with ep is refused on every rank, naming both', function()
         'tensor parallel (tp = 2) with expert parallel (ep = 2) is not implemented')
 end)
 
+local recipes = dofile('recipes/common.lua')
+
+T:test('20 steps of the tiny SFT recipe at tp=4 and tp=2 x dp=2 give the losses of one rank', function()
+    local dir = dpc.tmpdir()
+    local function check(label, got, want)
+        local worst = 0
+        for i = 1, 20 do
+            local rel = math.abs(got[i] - want[i]) / math.abs(want[i])
+            assert(rel <= 1e-5, ('%s, step %d: loss %.9g, one rank %.9g (rel %.3g)'):format(label, i, got[i], want[i], rel))
+            worst = math.max(worst, rel)
+        end
+        if d.rank() == 0 then print(('  %s: 20 steps, worst loss rel %.2g'):format(label, worst)) end
+    end
+    local one2 = dpc.single(dir .. '/one2.' .. d.rank(), {})
+    check('tp=4', recipes.run('sft', dpc.recipe(dir .. '/tp4', {parallel = {tp = 4}, checkpoint = {every = 0}})).losses,
+        one2.losses)
+    local one4 = dpc.single(dir .. '/one4.' .. d.rank(), {data = {micro_batch = 4}})
+    check('tp=2 x dp=2', recipes.run('sft', dpc.recipe(dir .. '/tp2', {parallel = {tp = 2},
+        checkpoint = {every = 0}})).losses, one4.losses)
+    d.barrier()
+    if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
+end)
+
 os.exit(T:run())

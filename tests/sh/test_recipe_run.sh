@@ -159,11 +159,11 @@ case ",${LUNAR_BUILT_WITHOUT:-}," in
         mpi_run 3 "$TMP/bada" parallel.tp=2
         [ $rc != 0 ] || fail "mpirun -np 3 parallel.tp=2: exit status 0"
         expect "$TMP/bada.out" "world size 3 is not divisible by tp*pp*cp = 2*1*1 = 2" "the layout's numbers"
-        mpi_run 4 "$TMP/badb" parallel.tp=2
-        [ $rc != 0 ] || fail "mpirun -np 4 parallel.tp=2: exit status 0"
-        expect "$TMP/badb.out" "parallel.tp=2: this parallel degree is not implemented" "tp refusal"
+        mpi_run 4 "$TMP/badb" parallel.pp=2
+        [ $rc != 0 ] || fail "mpirun -np 4 parallel.pp=2: exit status 0"
+        expect "$TMP/badb.out" "parallel.pp=2: this parallel degree is not implemented" "pp refusal"
         [ ! -e "$TMP/bada" ] && [ ! -e "$TMP/badb" ] || fail "a refused layout wrote files: $(ls -R "$TMP"/bad?)"
-        echo "ok    mpirun -np 3 with tp=2 and -np 4 with tp=2 refuse (rc $rc), nothing written"
+        echo "ok    mpirun -np 3 with tp=2 and -np 4 with pp=2 refuse (rc $rc), nothing written"
     else
         echo "skip  mpirun (not installed)"
     fi

@@ -633,6 +633,18 @@ function Model:tp_partial_grads()
     return names
 end
 
+-- tensor parallel: {name = {dim =, start =, len =}} of the parameters split over tp (this rank's
+-- block of each), empty without tp
+function Model:tp_slices()
+    local tp = self.opts.tp
+    local out = {}
+    if not tp or tp:size() <= 1 then return out end
+    for _, s in ipairs(params.spec(self.cfg, {tp = {rank = tp:rank(), size = tp:size()}})) do
+        if s.slice and self.params:has(s.name) then out[s.name] = s.slice end
+    end
+    return out
+end
+
 function Model:reduce_tp_grads()
     local tp = self.opts.tp
     if not tp or tp:size() <= 1 then return end

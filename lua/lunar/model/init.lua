@@ -58,7 +58,8 @@ end
 --     false          tensors the model does not know are skipped (the MTP rule as for nil)
 --   A checkpoint holding some but not all of the MTP layer's tensors is always an error.
 --   ep (a lunar.dist group): expert parallel, the model keeps this rank's range of the routed
---   experts (lunar.model.params.expert_range) and leaves the others' tensors.
+--   experts (lunar.model.params.expert_range) and leaves the others' tensors. tp (a group):
+--   tensor parallel, the model keeps this rank's block of each split tensor.
 --   model.source.mtp_missing is true when the MTP layer was left out.
 function M.load(dir, opts)
     opts = opts or {}
@@ -84,7 +85,8 @@ function M.load(dir, opts)
         local e = experts and name:match('%.mlp%.experts%.(%d+)%.')
         return e and (tonumber(e) < experts.first or tonumber(e) >= experts.first + experts.count) or false
     end
-    local spec = params.spec(cfg, {experts = experts})
+    local tp = glm.tp_of(cfg, opts)   -- tensor parallel: this rank's block of each split tensor
+    local spec = params.spec(cfg, {experts = experts, tp = tp})
     local known, missing, missing_mtp, n_mtp = {}, {}, {}, 0
     for _, s in ipairs(spec) do
         known[s.name] = s
@@ -113,7 +115,7 @@ function M.load(dir, opts)
         local o = {}
         for k, v in pairs(opts) do o[k] = v end
         o.mtp, opts = false, o
-        spec, known, missing = params.spec(cfg, {mtp = false, experts = experts}), {}, {}
+        spec, known, missing = params.spec(cfg, {mtp = false, experts = experts, tp = tp}), {}, {}
         for _, s in ipairs(spec) do known[s.name] = s end
         if not opts.quiet then
             _G.io.stderr:write(('lunar.model.load: %s: config.json declares num_nextn_predict_layers = %d, but the '
@@ -140,10 +142,12 @@ function M.load(dir, opts)
     local indexer_trainable = (opts.indexer_loss_coeff or 0) > 0
     for _, s in ipairs(spec) do
         local t = tensors[s.name]
-        if not same_shape(t, s.shape) then
-            fail(('%s: tensor %s has shape %s, the config says %s'):format(dir, s.name, shape_str(t:size()), shape_str(s.shape)))
+        local whole = s.full_shape or s.shape
+        if not same_shape(t, whole) then
+            fail(('%s: tensor %s has shape %s, the config says %s'):format(dir, s.name, shape_str(t:size()), shape_str(whole)))
         end
         source_dtypes[s.name] = t:dtype()
+        if s.slice then t = t:narrow(s.slice.dim, s.slice.start + 1, s.slice.len):contiguous() end
         local want = s.dtype or opts.dtype or 'f32'
         local p = core.convert(t, want, opts.device)     -- always a new tensor: never a view of the file
         local trainable = s.trainable

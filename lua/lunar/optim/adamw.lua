@@ -113,7 +113,7 @@ function AdamW.new(store, o)
     local betas = o.betas or {o.beta1 or 0.9, o.beta2 or 0.999}
     if o.filter ~= nil and type(o.filter) ~= 'function' then fail('AdamW.new: filter must be a function of the name') end
     local self = setmetatable({
-        store = store, filter = o.filter,
+        store = store, filter = o.filter, tp = o.tp,
         beta1 = number_opt({b = betas[1]}, 'b', 0.9, 0, 1),
         beta2 = number_opt({b = betas[2]}, 'b', 0.999, 0, 1),
         eps = number_opt(o, 'eps', 1e-8, 0),
@@ -230,6 +230,7 @@ function AdamW:step(o)
     local function skip(reason) return self:_skip(info, reason) end
     if loss ~= nil and not finite(loss) then return skip('loss') end
     local norm = o.grad_norm
+    if norm == nil and self.tp then norm = f32(math.sqrt(self:grad_sq()) / accum) end
     if norm == nil then norm = f32((#gs > 0 and ops.global_norm(gs) or 0) / accum) end
     info.grad_norm = norm
     if not finite(norm) then return skip('grad_norm') end
@@ -262,11 +263,23 @@ end
 
 function AdamW:zero_grad() self.store:zero_grad() end
 
--- the sum of squares of the gradients step() would use (before the 1 / micro_batches scaling)
+-- the sum of squares of the gradients step() would use (before the 1 / micro_batches scaling).
+-- With opts.tp = {group =, split = {name = true}} (tensor parallel) the split parameters' blocks
+-- are summed over tp, the whole ones counted once: the norm of the whole model.
 function AdamW:grad_sq()
-    local _, _, gs = self:_targets()
-    local n = #gs > 0 and ops.global_norm(gs) or 0
-    return n * n
+    local names, _, gs = self:_targets()
+    if not self.tp then
+        local n = #gs > 0 and ops.global_norm(gs) or 0
+        return n * n
+    end
+    local whole, split = {}, {}
+    for i, name in ipairs(names) do
+        if self.tp.split[name] then split[#split + 1] = gs[i] else whole[#whole + 1] = gs[i] end
+    end
+    local w = #whole > 0 and ops.global_norm(whole) or 0
+    local s = #split > 0 and ops.global_norm(split) or 0
+    local dist = require 'lunar.dist'
+    return w * w + dist.all_reduce(core.from_flat({s * s}, {1}, 'f64', 'cpu'), {group = self.tp.group}):item()
 end
 
 local STATE_BYTES = {f32 = 4, f64 = 8, bf16 = 2, f16 = 2}

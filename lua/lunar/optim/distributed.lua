@@ -133,10 +133,22 @@ end
 
 function Dist:zero_grad() self.buffer.flat:fill_(0) end
 
--- the sum of squares of the group's gradients (every slice's, summed over the group)
+-- the sum of squares of the group's gradients (every slice's, summed over the group). Tensor
+-- parallel (adamw opts.tp = {group =, split = {name = true}}): the split parameters' pieces are
+-- summed over tp as well, the whole ones counted once.
 function Dist:grad_sq()
-    local mine = ops.global_norm({self.buffer.shard_grad})
-    return dist.all_reduce(core.from_flat({mine * mine}, {1}, 'f64', 'cpu'), {group = self.group}):item()
+    if not self.tp then
+        local mine = ops.global_norm({self.buffer.shard_grad})
+        return dist.all_reduce(core.from_flat({mine * mine}, {1}, 'f64', 'cpu'), {group = self.group}):item()
+    end
+    local whole, split = {}, {}
+    for _, pc in ipairs(self.pieces) do
+        if self.tp.split[pc.name] then split[#split + 1] = pc.grad else whole[#whole + 1] = pc.grad end
+    end
+    local w = #whole > 0 and ops.global_norm(whole) or 0
+    local s = #split > 0 and ops.global_norm(split) or 0
+    local t = dist.all_reduce(core.from_flat({w * w, s * s}, {2}, 'f64', 'cpu'), {group = self.group}):tolist_flat()
+    return t[1] + dist.all_reduce(core.from_flat({t[2]}, {1}, 'f64', 'cpu'), {group = self.tp.group}):item()
 end
 
 -- bytes of the optimizer state this rank holds, counted from its tensors

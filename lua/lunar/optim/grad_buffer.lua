@@ -55,7 +55,10 @@ local layer_names = setmetatable({}, {__mode = 'k'})   -- model -> {layer name =
 
 M.DEFAULT_BUCKET_ELEMS = 4 * 2 ^ 20
 
--- new(store, {group =, shard = false, bucket_elems = 4M, model =, filter =}) -> buffer
+-- new(store, {group =, shard = false, bucket_elems = 4M, model =, filter =, tp =}) -> buffer
+-- tp = {group =, partial = {name = true}}: tensor parallel; each named gradient is only this
+-- rank's share (model:tp_partial_grads()) and is all-reduced over tp when its parameter is
+-- complete in the step's last backward, before its bucket starts.
 -- filter(name) -> bool: the parameters this buffer holds (default: every trainable one). Several
 -- buffers over disjoint parts of one store (expert parallel: the routed experts reduce over edp,
 -- the rest over dp) each hand out their own views; a name no buffer holds gets the store's own
@@ -89,6 +92,7 @@ function M.new(store, o)
     local flat = core.persist(core.empty({padded}, store.grad_dtype or 'f32', device):fill_(0))
     flat:set_name('grad_buffer')
     local self = setmetatable({store = store, group = g, rank = rank, size = size, shard = o.shard and true or false,
+        tp = o.tp,
         entries = entries, by_name = {}, total = total, padded = padded, shard_elems = shard,
         lo = rank * shard, hi = (rank + 1) * shard, flat = flat, param_dtype = dtype, device = device,
         touched = {}, armed = false, requests = {}, watched = false}, Buffer)
@@ -254,6 +258,7 @@ function Buffer:_complete(list)
     for _, e in ipairs(list) do
         if not self.done[e.index] then
             self.done[e.index] = true
+            if self.tp and self.tp.partial[e.name] then dist.all_reduce(e.grad, {group = self.tp.group}) end
             local b = self.buckets[e.bucket]
             b.missing = b.missing - 1
         end

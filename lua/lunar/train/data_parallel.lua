@@ -47,6 +47,7 @@ function M.setup(cfg)
         world_rank = dist.rank(), distributed = p.distributed_optimizer ~= false,
         bucket_elems = math.max(1, math.floor(bucket_mb * 2 ^ 20 / 4))}, DP)
     if (p.ep or 1) > 1 then self.ep, self.edp = lay:group('ep'), lay:group('edp') end
+    if (p.tp or 1) > 1 then self.tp = lay:group('tp') end
     return self
 end
 
@@ -67,13 +68,22 @@ function DP:optimizer(store, model, adamw_opts)
             if store:is_trainable(name) and is_expert(name) then experts = true break end
         end
     end
+    -- tensor parallel: the gradients that are this rank's share (reduced over tp as they complete)
+    -- and the split parameters (their blocks' squares add up over tp in the clipping norm)
+    local tp_buf, tp_opt
+    if self.tp then
+        local partial, split = {}, {}
+        for _, n in ipairs(model:tp_partial_grads()) do partial[n] = true end
+        for n in pairs(model:tp_slices()) do split[n] = true end
+        tp_buf, tp_opt = {group = self.tp, partial = partial}, {group = self.tp, split = split}
+    end
     local function part(group, filter)
         local buffer = grad_buffer.new(store, {group = group, shard = self.distributed, bucket_elems = self.bucket_elems,
-                                               model = model, filter = filter})
+                                               model = model, filter = filter, tp = tp_buf})
         buffer:watch(model)
         local o = {}
         for k, v in pairs(adamw_opts) do o[k] = v end
-        o.filter = filter
+        o.filter, o.tp = filter, tp_opt
         local opt = self.distributed and distributed.new(store, buffer, o) or AdamW.new(store, o)
         return buffer, opt
     end
@@ -109,7 +119,7 @@ end
 -- true on every rank when any rank was asked to stop (a signal reaches the ranks at different
 -- steps; they must write the checkpoint and stop at the same one)
 function DP:any(flag)
-    local t = dist.all_reduce(core.from_flat({flag and 1 or 0}, {1}, 'i32', 'cpu'), {op = 'max', group = self.group})
+    local t = dist.all_reduce(core.from_flat({flag and 1 or 0}, {1}, 'i32', 'cpu'), {op = 'max', group = dist.world()})
     return t:item() ~= 0
 end
 
@@ -126,20 +136,35 @@ function DP:check_same_checkpoint(st)
     end
 end
 
--- the model with every routed expert, for writing it whole (collective: every rank calls it, and
--- each ep group gathers its members' experts). A view of `model` whose store holds this rank's
--- parameters and the other members' experts, in the one-rank order; save_hf writes what one
--- rank would.
+-- the model whole, for writing it (collective: every rank calls it; each ep group gathers its
+-- members' experts, each tp group its members' blocks). A view of `model` whose store holds this
+-- rank's parameters, the other members' experts and the split tensors whole, in the one-rank
+-- order; save_hf writes what one rank would.
 function DP:gathered_model(model)
-    if not self.ep then return model end
+    if not self.ep and not self.tp then return model end
     local Params = require 'lunar.nn.params'
     local params_spec = require 'lunar.model.params'
-    local ep = self.ep:size()
-    local El = model.cfg.n_routed_experts / ep
+    local ep = self.ep and self.ep:size() or 1
+    local El = (model.cfg.n_routed_experts or 0) / ep
     local others = {}
+    -- tensor parallel: each split tensor whole again (its blocks all-gathered over tp, in spec order)
+    if self.tp then
+        local slices = model:tp_slices()
+        for _, name in ipairs(model.params.order) do
+            local sl = slices[name]
+            if sl then
+                local t = model.params:get(name)
+                if sl.dim == 1 then
+                    others[name] = dist.all_gather(t:contiguous(), {group = self.tp})
+                else   -- columns: gather the transposes' rows
+                    others[name] = dist.all_gather(t:t():contiguous(), {group = self.tp}):t():contiguous()
+                end
+            end
+        end
+    end
     for name in model.params:names() do
         local prefix, e, rest = name:match('^(.*%.mlp%.experts%.)(%d+)(%..*)$')
-        if prefix then
+        if prefix and self.ep then
             local le = tonumber(e) % El
             local t = model.params:get(name):contiguous()
             local all = dist.all_gather(t, {group = self.ep})         -- (ep * rows, ...) in ep order
@@ -152,7 +177,7 @@ function DP:gathered_model(model)
     local full = Params.new()
     local spec = params_spec.spec(model.cfg, {mtp = #model.mtp > 0})   -- without its MTP layer when the model has none
     for _, s in ipairs(spec) do
-        local t = model.params:has(s.name) and model.params:get(s.name) or others[s.name]
+        local t = others[s.name] or (model.params:has(s.name) and model.params:get(s.name))
         if not t then core.user_error(('gathering the experts: %s is missing'):format(s.name)) end
         full:add(s.name, t, model.params:has(s.name) and model.params:is_trainable(s.name) or false)
     end
@@ -255,7 +280,7 @@ function DP:report(cfg, params_store, opt, log)
     local gbytes = 0
     for _, b in ipairs(self.buffers) do gbytes = gbytes + b:bytes().grads end
     local mine = {pbytes, gbytes, obytes}
-    local all = dist.all_gather(core.from_flat(mine, {3}, 'f64', 'cpu'), {group = self.group}):tolist_flat()
+    local all = dist.all_gather(core.from_flat(mine, {3}, 'f64', 'cpu'), {group = dist.world()}):tolist_flat()
     local b = self.buffer
     log(cfg, 'data parallel: %d ranks (%s), global batch %d rows = micro_batch %d x grad_accum %d x dp %d',
         self.size, self.layout.key, cfg.data.micro_batch * cfg.train.grad_accum * self.size, cfg.data.micro_batch,
@@ -271,7 +296,11 @@ function DP:report(cfg, params_store, opt, log)
             self.edp:size(), eb.total, #eb.buckets, #eb.buckets == 1 and '' or 's',
             self.distributed and 'reduce-scattered' or 'all-reduced')
     end
-    for r = 0, self.size - 1 do
+    if self.tp then
+        log(cfg, '  tensor parallel: tp=%d (tp groups of ranks %s): attention heads and MLP widths split, their '
+            .. 'partial sums all-reduced over tp', self.tp:size(), table.concat(self.tp:ranks(), ','))
+    end
+    for r = 0, dist.world_size() - 1 do
         log(cfg, '  rank %d: parameters %s, gradients %s, optimizer state %s%s', r, mib(all[r * 3 + 1]),
             mib(all[r * 3 + 2]), mib(all[r * 3 + 3]), self.distributed and ' (when every parameter has state)' or '')
     end

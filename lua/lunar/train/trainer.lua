@@ -35,6 +35,7 @@ local metrics_mod = require 'lunar.train.metrics'
 local flops = require 'lunar.model.flops'
 local recipe_diff = require 'lunar.train.recipe_diff'
 local data_parallel = require 'lunar.train.data_parallel'
+local dist = require 'lunar.dist'
 
 local fs = core.fs
 local user_error = core.user_error
@@ -138,10 +139,10 @@ local function model_config(cfg)
     return lunar.model.config.from_table(cfg.model.config, 'model.config')
 end
 
-local function build_model(cfg, resume_model_dir, ep)
+local function build_model(cfg, resume_model_dir, ep, tp)
     local mc = cfg.model
     local opts = {dtype = mc.dtype, device = mc.device, seed = mc.seed, indexer_loss_coeff = mc.indexer_loss_coeff,
-                  fp32_residual = mc.fp32_residual, strict = mc.strict or nil, ep = ep}
+                  fp32_residual = mc.fp32_residual, strict = mc.strict or nil, ep = ep, tp = tp}
     if resume_model_dir and not cfg.peft then
         return lunar.model.load(resume_model_dir, opts)
     end
@@ -307,6 +308,13 @@ local function check_resumed_layout(cfg, st, dp)
             or '', saved.dp, saved.dp > 1 and (' and parallel.distributed_optimizer=' .. tostring(saved.distributed_optimizer))
             or ''))
     end
+    local saved_tp, now_tp = saved.tp or 1, dp and dp.tp and dp.tp:size() or 1
+    if saved_tp ~= now_tp then
+        user_error(('%s was written with parallel.tp=%d, this run has parallel.tp=%d: the optimizer state is split by '
+            .. 'tp, and resharding it is not supported yet. Resume with parallel.tp=%d, or set checkpoint.resume=none '
+            .. 'to start afresh (its model loads in any layout: model.path=%s)'):format(st.dir, saved_tp, now_tp,
+            saved_tp, st.model_dir))
+    end
     local saved_ep, now_ep = saved.ep or 1, dp and dp.ep and dp.ep:size() or 1
     if saved_ep ~= now_ep then
         user_error(('%s was written with parallel.ep=%d, this run has parallel.ep=%d: the optimizer state of the experts '
@@ -367,7 +375,7 @@ local function setup(cfg)
     end
 
     r.cm = checkpoint.manager{dir = cfg.checkpoint.dir, every = cfg.checkpoint.every, keep_last = cfg.checkpoint.keep_last,
-        group = dp and dp.group, quiet = dp and not dp:is_main() or nil}
+        group = dp and dist.world(), quiet = dp and not dp:is_main() or nil}
     local st = setting_error('checkpoint.resume=' .. cfg.checkpoint.resume, find_checkpoint, cfg, r.cm)
     if dp then dp:check_same_checkpoint(st) end
     if st then check_resumed_recipe(cfg, st) end
@@ -375,7 +383,7 @@ local function setup(cfg)
     r.st = st
 
     r.model = setting_error(st and not cfg.peft and ('the checkpoint ' .. st.model_dir) or model_setting,
-        build_model, cfg, st and st.model_dir, dp and dp.ep)
+        build_model, cfg, st and st.model_dir, dp and dp.ep, dp and dp.tp)
     local params = r.model.params
     if cfg.peft then
         -- a resumed LoRA run reads its adapters back (the base weights come from model.path)
@@ -408,7 +416,7 @@ local function setup(cfg)
     r.start = 0
     if st then
         if r.opt.shard_state then
-            r.opt:load_state_dict(st.optimizer, {shard = checkpoint.load_shard(st, dp.rank)})
+            r.opt:load_state_dict(st.optimizer, {shard = checkpoint.load_shard(st, dp.world_rank)})
         else
             r.opt:load_state_dict(st.optimizer)
         end
@@ -522,7 +530,8 @@ local function save_checkpoint(r, step, m)
         metrics = {loss = r.last_loss, skipped_steps = counts.skipped_steps, nan_steps = counts.nan_steps},
         extra = {lora_rng = r.adapters and r.adapters:rng_state() or nil, recipe = recipe_diff.snapshot(cfg),
                  parallel = r.dp and {dp = r.dp.size, distributed_optimizer = r.dp.distributed,
-                                      ep = r.dp.ep and r.dp.ep:size() or nil} or nil}},
+                                      ep = r.dp.ep and r.dp.ep:size() or nil, tp = r.dp.tp and r.dp.tp:size() or nil}
+                                  or nil}},
         r.opt.shard_state and r.opt:shard_state() or nil)
     r.saved_step = step
     m:note(('checkpoint step %d: %s (%s, %.1f s)'):format(step, dir, mib(info.bytes), lunar.clock() - t0))
