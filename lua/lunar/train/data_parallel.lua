@@ -282,9 +282,9 @@ function DP:report(cfg, params_store, opt, log)
     local mine = {pbytes, gbytes, obytes}
     local all = dist.all_gather(core.from_flat(mine, {3}, 'f64', 'cpu'), {group = dist.world()}):tolist_flat()
     local b = self.buffer
-    log(cfg, 'data parallel: %d ranks (%s), global batch %d rows = micro_batch %d x grad_accum %d x dp %d',
-        self.size, self.layout.key, cfg.data.micro_batch * cfg.train.grad_accum * self.size, cfg.data.micro_batch,
-        cfg.train.grad_accum, self.size)
+    log(cfg, 'data parallel: %d ranks (%s%s), global batch %d rows = micro_batch %d x grad_accum %d x dp %d',
+        self.size, self.layout.key, dist.world_size() ~= self.size and (', world ' .. dist.world_size()) or '',
+        cfg.data.micro_batch * cfg.train.grad_accum * self.size, cfg.data.micro_batch, cfg.train.grad_accum, self.size)
     log(cfg, '  gradients: %d elements in %d bucket%s of ~%s, %s; optimizer %s', b.total, #b.buckets,
         #b.buckets == 1 and '' or 's', mib(self.bucket_elems * 4),
         self.distributed and 'reduce-scattered' or 'all-reduced',
