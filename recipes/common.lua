@@ -532,6 +532,11 @@ function M.check_runnable(cfg)
             .. 'version of lunar (without sequence parallel the tp ranks hold the same tokens); use one of them')
             :format(p.tp, p.ep)
     end
+    if not missing and p.tp > 1 and cfg.benchmark and (cfg.benchmark.every or 0) > 0 then
+        missing = ('parallel.tp=%d with benchmark.every=%d: generation with the heads split is not implemented in this '
+            .. 'version of lunar (rank 0 would generate alone); set benchmark.every=0 and evaluate the written model '
+            .. 'with recipes/eval.lua'):format(p.tp, cfg.benchmark.every)
+    end
     if not missing and p.tp > 1 and cfg.peft then
         missing = ('parallel.tp=%d with LoRA (peft): adapters on split projections are not implemented in this version '
             .. 'of lunar; run the LoRA recipe data or expert parallel'):format(p.tp)

@@ -38,6 +38,14 @@ T:test('heads that tp does not divide fail on every rank naming the numbers', fu
     T.raises(function() lunar.model.new(cfg, {tp = tp}) end, 'num_key_value_heads 1 is not divisible by tp = 2')
     T.raises(function() lunar.model.new(dpc.preset.common.model.config, {tp = tp, indexer_loss_coeff = 0.1}) end,
         'tensor parallel (tp = 2) with the DSA indexer loss is not implemented')
+    local recipes = dofile('recipes/common.lua')
+    local dir = dpc.tmpdir()
+    T.raises(function() recipes.run('sft', dpc.recipe(dir .. '/a', {parallel = {tp = 2}, benchmark = {every = 5}})) end,
+        'generation with the heads split is not implemented')
+    T.raises(function() recipes.run('lora', dpc.recipe(dir .. '/b', {parallel = {tp = 2}})) end,
+        'parallel.tp=2 with LoRA (peft)')
+    T.raises(function() recipes.run('sft', dpc.recipe(dir .. '/c', {parallel = {tp = 2, distributed_optimizer = false}})) end,
+        'parallel.tp=2 with parallel.distributed_optimizer=false is not implemented')
 end)
 
 local recipes = dofile('recipes/common.lua')

@@ -338,6 +338,11 @@ local function check_expert_parallel(cfg, mcfg, dp)
         user_error(('parallel.ep=%d does not divide the model\'s %d routed experts (n_routed_experts): choose an ep '
             .. 'that divides %d'):format(ep, E, E))
     end
+    if cfg.benchmark and cfg.benchmark.every > 0 then
+        user_error(('parallel.ep=%d with benchmark.every=%d: generation with the experts spread is not implemented in '
+            .. 'this version of lunar (rank 0 would generate alone); set benchmark.every=0 and evaluate the written '
+            .. 'model with recipes/eval.lua'):format(ep, cfg.benchmark.every))
+    end
     if cfg.peft and (cfg.peft.dropout or 0) > 0 then
         -- each rank runs its experts' adapters on other ranks' rows: the dropout draws would follow
         -- neither one rank's stream nor survive a resume
@@ -475,17 +480,28 @@ local function evaluate(r)
     local loader = make_loader(r.cfg, r.valid_source, {shuffle = false, quiet = true, epochs = 1})
     if r.adapters then r.adapters:eval() end
     local sum, targets, limit, n = 0, 0, r.cfg.train.eval_batches, 0
+    -- expert parallel: the forward exchanges rows with the other ep ranks, so every rank runs as
+    -- many forwards as the others (a batch without targets too; the last rounds repeat one, uncounted)
+    local lockstep = r.dp and r.dp.ep ~= nil
+    local ran, last = 0, nil
     while limit == 0 or n < limit do
         local b = loader:next()
         if not b then break end
         n = n + 1
         -- data parallel: each rank evaluates every dp-th micro-batch of the whole set
         local mine = not r.dp or (n - 1) % r.dp.size == r.dp.rank
-        if mine and b.num_targets > 0 then
+        if mine and (b.num_targets > 0 or lockstep) then
+            ran, last = ran + 1, b
             lunar.scope(function()
-                local out = r.model:forward(b, {loss = true, num_items_in_batch = b.num_targets, keep = false})
-                sum, targets = sum + out.loss * b.num_targets, targets + b.num_targets
+                local out = r.model:forward(b, {loss = true, num_items_in_batch = math.max(b.num_targets, 1), keep = false})
+                if b.num_targets > 0 then sum, targets = sum + out.loss * b.num_targets, targets + b.num_targets end
             end)
+        end
+        last = last or b
+    end
+    if lockstep then
+        for _ = ran + 1, math.ceil(n / r.dp.size) do
+            lunar.scope(function() r.model:forward(last, {loss = true, num_items_in_batch = 1, keep = false}) end)
         end
     end
     if r.adapters then r.adapters:train() end
