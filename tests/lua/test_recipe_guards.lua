@@ -136,8 +136,10 @@ T:test('settings that would be replaced or misread are refused by name', functio
     check({checkpoint = {resume = 'bogus'}}, {'checkpoint.resume=bogus', 'no such directory'})
     check({data = {packing = 'tight'}}, {'data.packing=tight'})
     check({peft = {r = 8}}, {'peft.alpha'})
+    refuses(function() common.check_runnable(common.recipe('sft', {parallel = {pp = 2}})) end,
+        {'parallel.pp=2', 'not implemented', 'world size 1 is not divisible by tp*pp*cp = 1*2*1 = 2'})
     refuses(function() common.check_runnable(common.recipe('sft', {parallel = {tp = 2}})) end,
-        {'parallel.tp=2', 'not implemented', 'world size 1 is not divisible by tp*pp*cp = 2*1*1 = 2'})
+        {'world size 1 is not divisible by tp*pp*cp = 2*1*1 = 2'})
     refuses(function() common.check_runnable(common.recipe('sft', {parallel = {etp = 2}})) end,
         {'parallel.etp=2', 'not implemented'})
     refuses(function() common.check_runnable(common.recipe('sft', {parallel = {bucket_mb = 0}})) end,
