@@ -4,7 +4,7 @@
 --   * --help describes every setting; command-line paths are relative to the current directory,
 --     a preset's to the repository; data.train takes one path; outputs follow name=;
 --   * a preset's warm-up cut for a short run is said (and a user's too-long one refused); betas,
---     dtype, resume, parallel degrees not implemented yet (data parallel is: tests/mpi/test_dp_*.lua),
+--     dtype, resume, parallel degrees not implemented yet (data, tensor and expert parallel are: tests/mpi),
 --     seq_len beyond the model's positions are refused by name;
 --   * a checkpoint directory whose checkpoints are all unusable is refused, not started afresh;
 --   * an unwritable output directory is found before the first step;
