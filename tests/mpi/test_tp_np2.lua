@@ -49,6 +49,26 @@ T:test('heads that tp does not divide fail on every rank naming the numbers', fu
 end)
 
 local recipes = dofile('recipes/common.lua')
+local data_parallel = require 'lunar.train.data_parallel'
+
+T:test('the model written from tp=2 is the one-rank file, byte for byte (GLM-5 and GLM-4.x)', function()
+    local dir = dpc.tmpdir()
+    local dp = data_parallel.setup({parallel = {tp = 2}})
+    for i, cfg in ipairs({dpc.preset.common.model.config, dpc.glm4_config}) do
+        local whole = dp:gathered_model(lunar.model.new(cfg, {seed = 5, tp = dp.tp}))
+        if d.rank() == 0 then
+            whole:save_hf(dir .. '/tp' .. i)
+            lunar.model.new(cfg, {seed = 5}):save_hf(dir .. '/one' .. i)
+            for _, f in ipairs({'model.safetensors', 'config.json'}) do
+                local a = assert(io.open(dir .. '/tp' .. i .. '/' .. f, 'rb')):read('*a')
+                local b = assert(io.open(dir .. '/one' .. i .. '/' .. f, 'rb')):read('*a')
+                assert(#a > 0 and a == b, f .. ' differs from the one-rank file')
+            end
+        end
+    end
+    d.barrier()
+    if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
+end)
 
 T:test('20 steps of the tiny SFT recipe at tp=2 give the losses of one rank; stopped and resumed, bit for bit', function()
     local dir = dpc.tmpdir()
