@@ -233,6 +233,27 @@ function M.layout_step(T, spec, config, micro_batch, replay)
     return {loss_rel = loss_rel, grad_rel = worst, grad_name = worst_name, compared = n}
 end
 
+-- rank 0 prints what layout_step measured
+function M.report(label, m)
+    if d.rank() == 0 then
+        print(('  %s: loss rel %.2g, worst gradient rel %.2g (%s), %d gradients'):format(label, m.loss_rel, m.grad_rel,
+            tostring(m.grad_name), m.compared))
+    end
+end
+
+-- a run's n losses against one rank's, each within 1e-5 relative; returns the worst
+function M.same_losses(T, label, got, want, n)
+    T.equal(#got, n, label .. ': steps')
+    local worst = 0
+    for i = 1, n do
+        local rel = math.abs(got[i] - want[i]) / math.abs(want[i])
+        assert(rel <= 1e-5, ('%s, step %d: loss %.9g, one rank %.9g (rel %.3g)'):format(label, i, got[i], want[i], rel))
+        worst = math.max(worst, rel)
+    end
+    if d.rank() == 0 then print(('  %s: %d steps, worst loss rel %.2g'):format(label, n, worst)) end
+    return worst
+end
+
 -- a GLM-4.x MoE config (GQA with q/k norms and biases, a dense first layer, MoE with a shared
 -- expert) small enough for the tests, with the tiny tokenizer's vocabulary; its heads, key-value
 -- heads and MLP widths divide by 4

@@ -45,15 +45,7 @@ T:test('20 steps of the tiny SFT recipe at ep=2 give the losses of one rank', fu
             tostring(a), tostring(b)))
         print(('  valid loss at ep=2 %.9g, at dp=2 %.9g'):format(a, b))
     end
-    T.equal(#ep.losses, 20, 'steps')
-    local worst = 0
-    for i = 1, 20 do
-        local rel = math.abs(ep.losses[i] - one.losses[i]) / math.abs(one.losses[i])
-        assert(rel <= 1e-5, ('step %d: loss %.9g at ep=2, %.9g on one rank (rel %.3g)'):format(i, ep.losses[i],
-            one.losses[i], rel))
-        worst = math.max(worst, rel)
-    end
-    if d.rank() == 0 then print(('  20 steps at ep=2: worst loss rel %.2g'):format(worst)) end
+    dpc.same_losses(T, 'ep=2', ep.losses, one.losses, 20)
     d.barrier()
     if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
 end)

@@ -16,12 +16,7 @@ local d = lunar.dist
 lunar.threads(1)
 local T = common.suite('expert parallel np4', 4)
 
-local function report(label, m)
-    if d.rank() == 0 then
-        print(('  %s: loss rel %.2g, worst gradient rel %.2g (%s), %d gradients'):format(label, m.loss_rel, m.grad_rel,
-            tostring(m.grad_name), m.compared))
-    end
-end
+local report = dpc.report
 
 T:test('one step at ep=4 equals one rank', function()
     report('ep=4', dpc.layout_step(T, {ep = 4}))
@@ -64,16 +59,7 @@ end)
 
 local single = dpc.single
 
-local function same_losses(label, got, want, n)
-    T.equal(#got, n, label .. ': steps')
-    local worst = 0
-    for i = 1, n do
-        local rel = math.abs(got[i] - want[i]) / math.abs(want[i])
-        assert(rel <= 1e-5, ('%s, step %d: loss %.9g, one rank %.9g (rel %.3g)'):format(label, i, got[i], want[i], rel))
-        worst = math.max(worst, rel)
-    end
-    if d.rank() == 0 then print(('  %s: %d steps, worst loss rel %.2g'):format(label, n, worst)) end
-end
+local function same_losses(label, got, want, n) dpc.same_losses(T, label, got, want, n) end
 
 T:test('20 steps of the tiny SFT recipe at ep=4 and at ep=2 x dp=2 give the losses of one rank', function()
     local dir = dpc.tmpdir()

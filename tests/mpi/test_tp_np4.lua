@@ -10,12 +10,7 @@ local d = lunar.dist
 lunar.threads(1)
 local T = common.suite('tensor parallel np4', 4)
 
-local function report(label, m)
-    if d.rank() == 0 then
-        print(('  %s: loss rel %.2g, worst gradient rel %.2g (%s), %d gradients'):format(label, m.loss_rel, m.grad_rel,
-            tostring(m.grad_name), m.compared))
-    end
-end
+local report = dpc.report
 
 T:test('one step at tp=4 equals one rank (GLM-4.x MoE)', function()
     report('tp=4', dpc.layout_step(T, {tp = 4}, dpc.glm4_config))
@@ -40,15 +35,7 @@ local recipes = dofile('recipes/common.lua')
 
 T:test('20 steps of the tiny SFT recipe at tp=4 and tp=2 x dp=2 give the losses of one rank', function()
     local dir = dpc.tmpdir()
-    local function check(label, got, want)
-        local worst = 0
-        for i = 1, 20 do
-            local rel = math.abs(got[i] - want[i]) / math.abs(want[i])
-            assert(rel <= 1e-5, ('%s, step %d: loss %.9g, one rank %.9g (rel %.3g)'):format(label, i, got[i], want[i], rel))
-            worst = math.max(worst, rel)
-        end
-        if d.rank() == 0 then print(('  %s: 20 steps, worst loss rel %.2g'):format(label, worst)) end
-    end
+    local function check(label, got, want) dpc.same_losses(T, label, got, want, 20) end
     local one2 = dpc.single(dir .. '/one2.' .. d.rank(), {})
     check('tp=4', recipes.run('sft', dpc.recipe(dir .. '/tp4', {parallel = {tp = 4}, checkpoint = {every = 0}})).losses,
         one2.losses)

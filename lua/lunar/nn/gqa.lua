@@ -19,6 +19,7 @@
 local lunar_core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local ops = require 'lunar.ops'
+local dist = require 'lunar.dist'
 local Linear = require 'lunar.nn.linear'
 local RMSNorm = require 'lunar.nn.rmsnorm'
 local attention = require 'lunar.nn.attention'
@@ -125,7 +126,7 @@ function GQA:forward(x, batch)
         not batch.key_lists_exact and batch.mask or nil, self.scaling, {keys = batch.key_lists})
     local out
     out, saved.o = self.o_proj:forward(o:view({N, NH * hd}))
-    if self.tp then require('lunar.dist').all_reduce(out, {group = self.tp}) end   -- the heads' partial sums
+    if self.tp then dist.all_reduce(out, {group = self.tp}) end   -- the heads' partial sums
     return out, saved
 end
 
@@ -142,7 +143,7 @@ function GQA:backward(dout, saved, need_dx)
     local dx3 = self.v_proj:backward(dv:view({N, nkv * hd}), saved.v, need_dx)
     if need_dx == false then return nil end
     dx = ops.add_(ops.add_(dx, dx2), dx3)
-    if self.tp then require('lunar.dist').all_reduce(dx, {group = self.tp}) end
+    if self.tp then dist.all_reduce(dx, {group = self.tp}) end
     return dx
 end
 

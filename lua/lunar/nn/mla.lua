@@ -38,6 +38,7 @@
 local lunar_core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local ops = require 'lunar.ops'
+local dist = require 'lunar.dist'
 local Linear = require 'lunar.nn.linear'
 local RMSNorm = require 'lunar.nn.rmsnorm'
 local attention = require 'lunar.nn.attention'
@@ -229,7 +230,7 @@ function MLA:forward(x, batch, prev_topk)
     local of = o:contiguous():view({N, NH * Dv})
     local out
     out, saved.o = self.o_proj:forward(of)
-    if self.tp then require('lunar.dist').all_reduce(out, {group = self.tp}) end   -- the heads' partial sums
+    if self.tp then dist.all_reduce(out, {group = self.tp}) end   -- the heads' partial sums
     return out, saved, topk
 end
 
@@ -271,7 +272,7 @@ function MLA:backward(dout, saved, need_dx)
     -- tensor parallel: this rank's heads' share of dx (the whole sub-modules before the heads ran
     -- on this rank's share of their output gradient; their parameter gradients are reduced once a
     -- step, model:reduce_tp_grads)
-    if self.tp then require('lunar.dist').all_reduce(dx, {group = self.tp}) end
+    if self.tp then dist.all_reduce(dx, {group = self.tp}) end
     return dx, indexer_loss
 end
 

@@ -7,6 +7,7 @@
 --   relu               max(x, 0); its derivative at 0 is 0, as torch's
 -- x (N, H) -> y (N, H); gate/up (I, H), down (H, I) under `name` (".gate_proj" ...).
 local ops = require 'lunar.ops'
+local dist = require 'lunar.dist'
 local Linear = require 'lunar.nn.linear'
 
 local MLP = {}
@@ -65,7 +66,7 @@ function MLP:forward(x, opts)
     local u, su = self.up:forward(x, opts)
     local a = activate(self.act, g, u)
     local y, sd = self.down:forward(a, opts)
-    if self.tp then require('lunar.dist').all_reduce(y, {group = self.tp}) end
+    if self.tp then dist.all_reduce(y, {group = self.tp}) end
     return y, {g = g, u = u, sg = sg, su = su, sd = sd}
 end
 
@@ -76,7 +77,7 @@ function MLP:backward(dy, saved, need_dx)
     local dx2 = self.up:backward(du, saved.su, need_dx)
     if need_dx == false then return nil end
     local dx = ops.add_(dx1, dx2)
-    if self.tp then require('lunar.dist').all_reduce(dx, {group = self.tp}) end
+    if self.tp then dist.all_reduce(dx, {group = self.tp}) end
     return dx
 end
 

@@ -53,6 +53,7 @@
 -- of rows; the shared experts are a lunar.nn.MLP, whose Linears do the same.
 local core = require 'lunar.core'
 local ops = require 'lunar.ops'
+local dist = require 'lunar.dist'
 local tensor = require 'lunar.tensor'
 local MLP = require 'lunar.nn.mlp'
 local lora = require 'lunar.nn.lora'
@@ -352,7 +353,6 @@ end
 -- experts. counts (E): this rank's rows per expert. Returns the row splits to send and receive
 -- (one per member) and the blocks of the received rows (by sending member, then expert).
 local function ep_plan(self, counts)
-    local dist = require 'lunar.dist'
     local ep, El = self.ep:size(), self.count
     local send, sizes = {}, {}
     for j = 0, ep - 1 do
@@ -426,7 +426,6 @@ function MoE:forward(x, opts)
     local saved = {x = x, x32 = x32, idx = idx, sk = sk, inv = inv, rows = rows, tok = tok, wsorted = wsorted}
     if self.ep then
         -- expert parallel: every member takes part, with or without rows
-        local dist = require 'lunar.dist'
         local send, recv, hits = ep_plan(self, counts)
         local xs = ops.index_select(x, 1, tok)                        -- (NK, H)
         local xr = dist.all_to_all(xs, send, recv, {group = self.ep}) -- (R, H) by sender, then expert
@@ -490,7 +489,6 @@ function MoE:backward(dy, saved, need_dx)
     -- routed experts; a (NK) = d loss / d routing weight of each sorted pair
     local a, dXs
     if saved.ep then
-        local dist = require 'lunar.dist'
         local p = saved.ep
         local dys = ops.index_select(dy, 1, saved.tok)                -- (NK, H), unscaled
         local dyr = dist.all_to_all(dys, p.send, p.recv, {group = self.ep})

@@ -37,8 +37,7 @@ function M.new(parts)
             fail(('partitioned.new: part %d (%s) has no optimizer with grad_sq()'):format(i, tostring(p.name)))
         end
     end
-    local first = parts[1].opt
-    return setmetatable({parts = parts, accum = first.accum, clip = first.clip, schedule = first.schedule}, Partitioned)
+    return setmetatable({parts = parts, accum = parts[1].opt.accum}, Partitioned)
 end
 
 function Partitioned:grad_sq()

@@ -34,6 +34,14 @@ local masks = require 'lunar.nn.masks'
 local M = {}
 
 -- one micro-batch: the packed row of `samples`
+
+-- (1, K) i64: K distinct experts 0 .. K-1, the routes of a position generation never fed
+local function placeholder_routes(K)
+    local list = {}
+    for e = 0, K - 1 do list[e + 1] = e end
+    return core.from_flat(list, {1, K}, 'i64', 'cpu')
+end
+
 local function micro(samples, opts)
     local ids, labels, cu = {}, {}, {0}
     local R = 0
@@ -69,9 +77,7 @@ local function micro(samples, opts)
         mask = core.from_flat(mask, {S, R}, 'f32', 'cpu')}
     if opts.routing then
         local K = opts.experts_per_token
-        local list = {}
-        for e = 0, K - 1 do list[e + 1] = e end
-        local placeholder = core.from_flat(list, {1, K}, 'i64', 'cpu')
+        local placeholder = placeholder_routes(K)
         local routing = {}
         for _, layer in ipairs(opts.moe_layers) do
             local rows = core.empty({T, K}, 'i64', 'cpu')
@@ -199,9 +205,7 @@ local function micro_shared(samples, opts)
         mask = core.from_flat(mask, {S, R}, 'f32', 'cpu')}
     if opts.routing then
         local Kx = opts.experts_per_token
-        local list = {}
-        for e = 0, Kx - 1 do list[e + 1] = e end
-        local placeholder = core.from_flat(list, {1, Kx}, 'i64', 'cpu')
+        local placeholder = placeholder_routes(Kx)
         local routing = {}
         for _, layer in ipairs(opts.moe_layers) do
             local out = core.empty({T, Kx}, 'i64', 'cpu')

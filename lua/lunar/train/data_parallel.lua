@@ -238,16 +238,12 @@ function DP:_gathered_adapters(set, El)
     for _, x in ipairs(experts) do
         local ad = set.modules[x.name]
         local A, B = set.params:get(ad.a_name), set.params:get(ad.b_name)
-        local prefix, rest = x.prefix, x.rest
-        do
-            local le = x.le
-            local As = dist.all_gather(A:contiguous(), {group = self.ep})     -- (ep * r, in)
-            local Bs = dist.all_gather(B:t():contiguous(), {group = self.ep}) -- (ep * r, out): B^T blocks
-            local r = A:size(1)
-            for k = 0, ep - 1 do
-                found[prefix .. (k * El + le) .. rest] = {ad = ad, A = As:narrow(1, k * r + 1, r),
-                                                          B = Bs:narrow(1, k * r + 1, r):t()}
-            end
+        local As = dist.all_gather(A:contiguous(), {group = self.ep})     -- (ep * r, in)
+        local Bs = dist.all_gather(B:t():contiguous(), {group = self.ep}) -- (ep * r, out): B^T blocks
+        local r = A:size(1)
+        for k = 0, ep - 1 do
+            found[x.prefix .. (k * El + x.le) .. x.rest] = {ad = ad, A = As:narrow(1, k * r + 1, r),
+                                                            B = Bs:narrow(1, k * r + 1, r):t()}
         end
     end
     local names = {}
