@@ -33,8 +33,6 @@ local masks = require 'lunar.nn.masks'
 
 local M = {}
 
--- one micro-batch: the packed row of `samples`
-
 -- (1, K) i64: K distinct experts 0 .. K-1, the routes of a position generation never fed
 local function placeholder_routes(K)
     local list = {}
@@ -42,6 +40,7 @@ local function placeholder_routes(K)
     return core.from_flat(list, {1, K}, 'i64', 'cpu')
 end
 
+-- one micro-batch: the packed row of `samples`
 local function micro(samples, opts)
     local ids, labels, cu = {}, {}, {0}
     local R = 0
