@@ -488,8 +488,8 @@ end
 -- ---- checks ---------------------------------------------------------------------------------------
 
 -- Check that this process can run the recipe. Under a launcher with several ranks the recipe
--- runs data parallel, with the routed experts spread over parallel.ep ranks (tp = pp = cp = etp =
--- vpp = 1; docs/parallel.md). A layout that does not fit the number of ranks, and the parallel
+-- runs data parallel, with the attention heads and MLP widths split over parallel.tp ranks and the
+-- routed experts spread over parallel.ep ranks (pp = cp = etp = vpp = 1; docs/parallel.md). A layout that does not fit the number of ranks, and the parallel
 -- degrees not implemented yet (tensor, pipeline, context, expert-tensor), refuse on every rank
 -- before any work, naming the numbers.
 -- the recipe kinds whose trainer (lunar.train.trainer) runs data parallel over several ranks
@@ -526,11 +526,6 @@ function M.check_runnable(cfg)
                 .. 'and expert parallel are: mpirun -np N with parallel.tp or parallel.ep dividing N and parallel.pp, '
                 .. 'cp, etp and vpp all 1); set parallel.%s=1'):format(k, tostring(p[k]), k)
         end
-    end
-    if not missing and p.tp > 1 and p.ep > 1 then
-        missing = ('parallel.tp=%d with parallel.ep=%d: tensor and expert parallel together are not implemented in this '
-            .. 'version of lunar (without sequence parallel the tp ranks hold the same tokens); use one of them')
-            :format(p.tp, p.ep)
     end
     if not missing and p.tp > 1 and cfg.benchmark and (cfg.benchmark.every or 0) > 0 then
         missing = ('parallel.tp=%d with benchmark.every=%d: generation with the heads split is not implemented in this '

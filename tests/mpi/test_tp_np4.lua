@@ -1,7 +1,8 @@
 -- np: 4
 -- Tensor parallel on 4 ranks, a GLM-4.x MoE model and the tiny GLM-5: one step at tp=4 and at
 -- tp=2 x dp=2 equals one rank's on the whole global batch (the loss and every gradient within 1e-5 relative L2, each
--- rank's block against its block of the whole gradient); tp with ep is refused, naming both.
+-- rank's block against its block of the whole gradient); so do tp x ep layouts (each tp rank sends
+-- its share of the tokens to the experts), and 20 SFT steps in them.
 local lunar = require 'lunar'
 local common = dofile('tests/mpi/common.lua')
 local dpc = dofile('tests/mpi/dp_common.lua')
@@ -25,15 +26,48 @@ T:test('one step at tp=4 and tp=2 x dp=2 equals one rank (the tiny GLM-5: MLA, D
     report('tp=2 x dp=2 GLM-5, index_topk 64', dpc.layout_step(T, {tp = 2}, {index_topk = 64}))
 end)
 
-T:test('tp with ep is refused on every rank, naming both', function()
+T:test('one step at tp=2 x ep=2, tp=4 x ep=2 and tp=2 x ep=4 (replayed routes) equals one rank', function()
+    report('tp=2 x ep=2 GLM-5', dpc.layout_step(T, {tp = 2, ep = 2}))
+    report('tp=2 x ep=2 GLM-4.x', dpc.layout_step(T, {tp = 2, ep = 2}, dpc.glm4_config))
+    report('tp=4 x ep=2 GLM-5', dpc.layout_step(T, {tp = 4, ep = 2}, nil, 3))
+    report('tp=2 x ep=4 GLM-5, replayed routes', dpc.layout_step(T, {tp = 2, ep = 4}, nil, nil, true))
+end)
+
+T:test('an MoE layer at tp=2 x ep=2 on 13 tokens (shares of 7 and 6) equals the whole layer', function()
     local lay = d.layout{tp = 2, ep = 2}
-    T.raises(function() lunar.model.new(dpc.glm4_config, {tp = lay:group('tp'), ep = lay:group('ep')}) end,
-        'tensor parallel (tp = 2) with expert parallel (ep = 2) is not implemented')
+    local A = lunar.model.new(dpc.glm4_config, {seed = 11})
+    local B = lunar.model.new(dpc.glm4_config, {seed = 11, tp = lay:group('tp'), ep = lay:group('ep')})
+    local mA, mB = A.layers[2].mlp, B.layers[2].mlp
+    local H = dpc.glm4_config.hidden_size
+    local x = lunar.randn(13, H, {rng = lunar.rng(7)})          -- the same tokens on every rank
+    local dy = lunar.randn(13, H, {rng = lunar.rng(8)})
+    local yA, sA, rA = mA:forward(x)
+    local yB, sB, rB = mB:forward(x)
+    T.close(yB, yA, {rtol = 1e-5, atol = 1e-6})
+    T.equal(lunar.ops.sum(lunar.ops.ne(rB.idx, rA.idx)):item(), 0, 'the routes, gathered whole')
+    T.close(rB.weights, rA.weights, {rtol = 1e-6, atol = 0})
+    local dxA, dxB = mA:backward(dy, sA), mB:backward(dy, sB)
+    T.close(dxB, dxA, {rtol = 1e-5, atol = 1e-6})
+    -- the router's gradient is this rank's share: whole only once summed over tp
+    local router = 'model.layers.1.mlp.gate.weight'
+    local partial = {}
+    for _, n in ipairs(B:tp_partial_grads()) do partial[n] = true end
+    assert(partial[router], 'the router is among the tp-partial gradients')
+    assert(not partial['model.layers.1.mlp.experts.0.gate_proj.weight'], 'the experts are not')
+    local share = B.params.grads[router]:clone()
+    B:reduce_tp_grads()
+    local rel = dpc.rel_l2(share, A.params.grads[router])
+    assert(rel > 0.1, ('one rank\'s share of the router gradient is the whole one (rel %.3g)'):format(rel))
+    T.close(B.params.grads[router], A.params.grads[router], {rtol = 1e-5, atol = 1e-7})
+    -- each expert this rank holds saw all 13 tokens' rows through the ep group {0, 1} (or {2, 3})
+    local e = B.layers[2].mlp.first
+    local name = ('model.layers.1.mlp.experts.%d.down_proj.weight'):format(e)
+    T.close(B.params.grads[name], A.params.grads[name], {rtol = 1e-5, atol = 1e-7})
 end)
 
 local recipes = dofile('recipes/common.lua')
 
-T:test('20 steps of the tiny SFT recipe at tp=4 and tp=2 x dp=2 give the losses of one rank', function()
+T:test('20 steps of the tiny SFT recipe at tp=4, tp=2 x dp=2 and tp=2 x ep=2 give the losses of one rank', function()
     local dir = dpc.tmpdir()
     local function check(label, got, want) dpc.same_losses(T, label, got, want, 20) end
     local one2 = dpc.single(dir .. '/one2.' .. d.rank(), {})
@@ -41,6 +75,8 @@ T:test('20 steps of the tiny SFT recipe at tp=4 and tp=2 x dp=2 give the losses 
         one2.losses)
     local one4 = dpc.single(dir .. '/one4.' .. d.rank(), {data = {micro_batch = 4}})
     check('tp=2 x dp=2', recipes.run('sft', dpc.recipe(dir .. '/tp2', {parallel = {tp = 2},
+        checkpoint = {every = 0}})).losses, one4.losses)
+    check('tp=2 x ep=2', recipes.run('sft', dpc.recipe(dir .. '/tpep', {parallel = {tp = 2, ep = 2},
         checkpoint = {every = 0}})).losses, one4.losses)
     d.barrier()
     if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end

@@ -132,7 +132,8 @@ function M.new(cfg, opts)
 end
 
 -- opts.tp (a lunar.dist group): {rank =, size =} for lunar.model.params.spec, or nil. Tensor
--- parallel splits GQA attention (GLM-4.x) and the dense and shared-expert MLPs; MLA is not split yet.
+-- parallel splits the attention heads (MLA, GQA) and the dense and shared-expert MLPs; with
+-- opts.ep as well, each tp rank sends its share of the tokens to the experts (lunar.nn.MoE).
 function M.tp_of(cfg, opts)
     local g = opts.tp
     if not g or g:size() <= 1 then return nil end
@@ -144,12 +145,6 @@ function M.tp_of(cfg, opts)
         -- the indexer's KL target is the attention's distribution summed over all heads
         tensor.fail(('tensor parallel (tp = %d) with the DSA indexer loss is not implemented in this version of lunar')
             :format(g:size()))
-    end
-    if opts.ep and opts.ep:size() > 1 then
-        -- without sequence parallel the tp ranks hold the same tokens, and each would send them to
-        -- the experts: the experts' gradients would count them tp times
-        tensor.fail(('tensor parallel (tp = %d) with expert parallel (ep = %d) is not implemented in this version of '
-            .. 'lunar'):format(g:size(), opts.ep:size()))
     end
     for _, k in ipairs({'num_attention_heads', 'num_key_value_heads'}) do
         if (cfg[k] or 0) % g:size() ~= 0 then
@@ -617,7 +612,8 @@ function Model:zero_grad() self.params:zero_grad() end
 
 -- Tensor parallel: the parameters whose gradient each tp rank holds only a part of though the
 -- parameter is whole on every rank (GQA's per-head q_norm / k_norm, applied to this rank's heads;
--- MLA's low-rank q_a / kv_a projections and their norms, which feed this rank's heads).
+-- MLA's low-rank q_a / kv_a projections and their norms, which feed this rank's heads; under tp x
+-- ep the MoE router, which each tp rank runs on its share of the tokens).
 -- reduce_tp_grads() all-reduces them over tp: once a step, after the last backward.
 function Model:tp_partial_grads()
     local names = {}
@@ -626,7 +622,10 @@ function Model:tp_partial_grads()
     for _, m in ipairs(self.mtp) do layers[#layers + 1] = m.layer end
     for _, L in ipairs(layers) do
         local a = L.attn
-        for _, n in ipairs(a.tp and a:tp_partial() or {}) do
+        local list = a.tp and a:tp_partial() or {}
+        -- tp x ep: each tp member routes its share of the tokens
+        for _, n in ipairs(L.mlp.tp_partial and L.mlp:tp_partial() or {}) do list[#list + 1] = n end
+        for _, n in ipairs(list) do
             if self.params:has(n) and self.params:is_trainable(n) then names[#names + 1] = n end
         end
     end

@@ -29,12 +29,13 @@ end
 
 -- opts.tp (a lunar.dist group): tensor parallel, this rank holds a block of gate/up's rows (column
 -- parallel) and the same block of down's columns (row parallel); the output's partial sums and the
--- input gradient's are all-reduced over the group (Megatron's column/row rule)
+-- input gradient's are all-reduced over the group (Megatron's column/row rule); with
+-- opts.defer_reduce the caller all-reduces them (lunar.nn.MoE adds its routed rows first)
 function MLP.new(store, name, act, opts)
     MLP.check_act(act, 'MLP ' .. name)
     local tp = opts and opts.tp
     return setmetatable({
-        name = name, act = act, tp = tp and tp:size() > 1 and tp or nil,
+        name = name, act = act, tp = (tp and tp:size() > 1 and not opts.defer_reduce) and tp or nil,
         gate = Linear.new(store, name .. '.gate_proj'),
         up = Linear.new(store, name .. '.up_proj'),
         down = Linear.new(store, name .. '.down_proj'),

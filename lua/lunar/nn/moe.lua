@@ -38,7 +38,10 @@
 -- sender, then expert) and a reverse all_to_all brings the unscaled outputs back to be scaled
 -- and combined as above; backward sends the output gradients the same way and brings back the
 -- input gradients and each row's routing-weight gradient. Every member takes part in every
--- exchange, rows or none. docs/parallel.md.
+-- exchange, rows or none. With tensor parallel too (opts.tp), the tp members hold the same tokens:
+-- each routes and dispatches only its share of the rows, adds the routed outputs into the shared
+-- experts' partial sums, and one all-reduce over tp makes the output whole (the input gradient
+-- likewise); the router's gradient is then the member's share (MoE:tp_partial). docs/parallel.md.
 --
 -- Routing replay (R3): opts.replay_idx (N, K) gives the expert ids to use; the weights are still
 -- computed from the current router at those ids, so the router gets its gradient.
@@ -162,8 +165,9 @@ end
 -- dropped groups (default -inf; 0.0 reproduces transformers 4.5x / early v5 Glm4Moe).
 -- opts.ep: a lunar.dist group of expert-parallel ranks: member r holds the routed experts
 -- [r * E / ep, (r + 1) * E / ep) (lunar.model.params.expert_range) and runs them for the tokens
--- of every member (all_to_all dispatch and combine); the router and the shared experts are
--- replicated.
+-- of every member (all_to_all dispatch and combine); the router is replicated. opts.tp (a
+-- lunar.dist group): the shared experts split over it (lunar.nn.MLP); with opts.ep as well, each
+-- tp member sends its share of the tokens to the experts.
 function MoE.new(store, name, cfg, opts)
     opts = opts or {}
     local rc = routing_cfg(cfg, 'MoE ' .. name)
@@ -195,7 +199,11 @@ function MoE.new(store, name, cfg, opts)
     end
     local ns = cfg.n_shared_experts
     if ns == nil then ns = 1 end
-    if ns > 0 then self.shared = MLP.new(store, name .. '.shared_experts', act, {tp = opts.tp}) end
+    if self.ep and opts.tp and opts.tp:size() > 1 then self.tp_rows = opts.tp end
+    -- under tp x ep the shared experts' partial sums are all-reduced together with the routed rows
+    if ns > 0 then
+        self.shared = MLP.new(store, name .. '.shared_experts', act, {tp = opts.tp, defer_reduce = self.tp_rows ~= nil})
+    end
     return self
 end
 
@@ -376,13 +384,9 @@ local function ep_plan(self, counts)
     return send, recv, hits
 end
 
--- forward(x (N, H)[, {replay_idx = (N, K)}]) -> y (N, H), saved, {idx = (N, K) i64, weights = (N, K) f32}
-function MoE:forward(x, opts)
-    opts = opts or {}
-    if not tensor.is_tensor(x) or x:dim() ~= 2 then
-        fail(('MoE %s: x must be a 2-dim (tokens, hidden) tensor, got %s'):format(self.name,
-            tensor.is_tensor(x) and shape_str(x) or type(x)))
-    end
+-- The routed experts and the router on x (N, H): out (N, H) (without the shared experts), saved,
+-- {idx =, weights =}.
+local function routed_forward(self, x, opts)
     local rc, store = self.rc, self.store
     local N, H = x:size(1), x:size(2)
     local K, E = rc.K, rc.E
@@ -455,36 +459,20 @@ function MoE:forward(x, opts)
     else
         out:fill_(0)
     end
-
-    if self.shared then
-        local ys, ss = self.shared:forward(x, ri and opts or nil)
-        ops.add_(out, ys)
-        ys:free()
-        saved.shared = ss
-    end
     return out, saved, {idx = idx, weights = w}
 end
 
--- backward(dy (N, H), saved[, need_dx]) -> dx (N, H) (nil when need_dx == false). Accumulates
--- (+=) into the gradients of the router weight, of every trainable expert weight held here
--- (experts that got no token get a zero gradient tensor, as HF's fused expert tensors do) and of
--- the shared experts. e_score_correction_bias gets none.
-function MoE:backward(dy, saved, need_dx)
+-- The routed part's backward: dy (N, H) the output gradient of routed_forward's rows; adds (+=)
+-- d loss / d x into dx (N, H) (nil: no input gradient) and accumulates the router's and the
+-- experts' weight gradients.
+local function routed_backward(self, dy, saved, dx)
     local rc, store = self.rc, self.store
-    local want_dx = need_dx ~= false
+    local want_dx = dx ~= nil
     local x = saved.x
     local N, H = x:size(1), x:size(2)
     local K, E = rc.K, rc.E
     local NK = N * K
     local dt, dev = x:dtype(), x:device()
-    if not tensor.is_tensor(dy) or dy:dim() ~= 2 or dy:size(1) ~= N or dy:size(2) ~= H then
-        fail(('MoE %s: dy has shape %s, expected (%d, %d)'):format(self.name,
-            tensor.is_tensor(dy) and shape_str(dy) or type(dy), N, H))
-    end
-
-    local dx
-    if self.shared then dx = self.shared:backward(dy, saved.shared, need_dx) end
-    if want_dx and not dx then dx = core.empty({N, H}, dt, dev):fill_(0) end
 
     -- routed experts; a (NK) = d loss / d routing weight of each sorted pair
     local a, dXs
@@ -551,8 +539,107 @@ function MoE:backward(dy, saved, need_dx)
         end
     end
     dL:free()
+end
+
+-- Tensor parallel with expert parallel: the tp members hold the same tokens, and each sends only
+-- its share to the experts: rows [first, first + n) of N, balanced (the first N % tp members one
+-- more). Also returns the largest share.
+local function tp_share(self, N)
+    local T, r = self.tp_rows:size(), self.tp_rows:rank()
+    local base, rem = math.floor(N / T), N % T
+    return r * base + math.min(r, rem), base + (r < rem and 1 or 0), base + (rem > 0 and 1 or 0)
+end
+
+-- every tp member's routes, whole: idx (N, K) i64 and weights (N, K) f32 from this member's rows
+-- (one all_gather of both, exact in f64, each member's rows padded to the largest share)
+local function gather_routes(self, routes, N)
+    local T, K = self.tp_rows:size(), self.rc.K
+    local _, n, most = tp_share(self, N)
+    local dev = routes.weights:device()
+    local pack = core.empty({most, 2 * K}, 'f64', dev):fill_(0)
+    if n > 0 then
+        pack:narrow(1, 1, n):narrow(2, 1, K):copy_(routes.idx)
+        pack:narrow(1, 1, n):narrow(2, K + 1, K):copy_(routes.weights)
+    end
+    local all = dist.all_gather(pack, {group = self.tp_rows})             -- (T * most, 2K)
+    local pick = {}
+    local base, rem = math.floor(N / T), N % T
+    for m = 0, T - 1 do
+        for i = 0, base + (m < rem and 1 or 0) - 1 do pick[#pick + 1] = m * most + i end
+    end
+    local whole = ops.index_select(all, 1, core.from_flat(pick, {N}, 'i64', dev))
+    return {idx = whole:narrow(2, 1, K):to('i64'), weights = whole:narrow(2, K + 1, K):to('f32')}
+end
+
+-- forward(x (N, H)[, {replay_idx = (N, K), row_invariant =}]) -> y (N, H), saved,
+-- {idx = (N, K) i64, weights = (N, K) f32}
+function MoE:forward(x, opts)
+    opts = opts or {}
+    if not tensor.is_tensor(x) or x:dim() ~= 2 then
+        fail(('MoE %s: x must be a 2-dim (tokens, hidden) tensor, got %s'):format(self.name,
+            tensor.is_tensor(x) and shape_str(x) or type(x)))
+    end
+    local ri = opts.row_invariant and opts or nil
+    if not self.tp_rows then
+        local out, saved, routes = routed_forward(self, x, opts)
+        if self.shared then
+            local ys, ss = self.shared:forward(x, ri)
+            ops.add_(out, ys)
+            ys:free()
+            saved.shared = ss
+        end
+        return out, saved, routes
+    end
+    -- tensor x expert parallel: this member's rows through the experts, written into the shared
+    -- experts' partial sums (zeros elsewhere), and one all-reduce over tp makes the whole output
+    local N = x:size(1)
+    local first, n = tp_share(self, N)
+    local out
+    local ss
+    if self.shared then out, ss = self.shared:forward(x, ri) else out = core.empty(x:size(), x:dtype(), x:device()):fill_(0) end
+    local part = out:narrow(1, first + 1, n)
+    local yr, saved, routes = routed_forward(self, x:narrow(1, first + 1, n), {replay_idx = opts.replay_idx and
+        opts.replay_idx:narrow(1, first + 1, n), row_invariant = opts.row_invariant})
+    ops.add_(part, yr)
+    yr:free()
+    dist.all_reduce(out, {group = self.tp_rows})
+    saved.shared, saved.share = ss, {first = first, n = n, N = N}
+    return out, saved, gather_routes(self, routes, N)
+end
+
+-- backward(dy (N, H), saved[, need_dx]) -> dx (N, H) (nil when need_dx == false). Accumulates
+-- (+=) into the gradients of the router weight, of every trainable expert weight held here
+-- (experts that got no token get a zero gradient tensor, as HF's fused expert tensors do) and of
+-- the shared experts. e_score_correction_bias gets none.
+function MoE:backward(dy, saved, need_dx)
+    local want_dx = need_dx ~= false
+    local N = saved.share and saved.share.N or saved.x:size(1)
+    local H = saved.x:size(2)
+    if not tensor.is_tensor(dy) or dy:dim() ~= 2 or dy:size(1) ~= N or dy:size(2) ~= H then
+        fail(('MoE %s: dy has shape %s, expected (%d, %d)'):format(self.name,
+            tensor.is_tensor(dy) and shape_str(dy) or type(dy), N, H))
+    end
+    local dx
+    if self.shared then dx = self.shared:backward(dy, saved.shared, need_dx) end
+    if want_dx and not dx then dx = core.empty({N, H}, saved.x:dtype(), saved.x:device()):fill_(0) end
+    if not saved.share then
+        routed_backward(self, dy, saved, dx)
+        return dx
+    end
+    -- tensor x expert parallel: this member's rows; the input gradient, like the output, is the
+    -- sum over tp of the shared experts' partial and each member's rows
+    local sh = saved.share
+    routed_backward(self, dy:narrow(1, sh.first + 1, sh.n), saved, dx and dx:narrow(1, sh.first + 1, sh.n))
     if not want_dx then return nil end
+    dist.all_reduce(dx, {group = self.tp_rows})
     return dx
+end
+
+-- tensor x expert parallel: the router's gradient is this member's rows' share (all-reduced over
+-- tp by the caller, lunar.model's tp_partial_grads)
+function MoE:tp_partial()
+    if not self.tp_rows then return {} end
+    return {self.router_name}
 end
 
 MoE.routing_cfg = routing_cfg
