@@ -488,8 +488,9 @@ end
 -- ---- checks ---------------------------------------------------------------------------------------
 
 -- Check that this process can run the recipe. Under a launcher with several ranks the recipe
--- runs data parallel, with the attention heads and MLP widths split over parallel.tp ranks and the
--- routed experts spread over parallel.ep ranks (pp = cp = etp = vpp = 1; docs/parallel.md). A layout that does not fit the number of ranks, and the parallel
+-- runs data parallel, with the attention heads and MLP widths split over parallel.tp ranks, the
+-- routed experts spread over parallel.ep ranks and their matrices over parallel.etp (pp = cp = vpp
+-- = 1; docs/parallel.md). A layout that does not fit the number of ranks, and the parallel
 -- degrees not implemented yet (tensor, pipeline, context, expert-tensor), refuse on every rank
 -- before any work, naming the numbers.
 -- the recipe kinds whose trainer (lunar.train.trainer) runs data parallel over several ranks
@@ -520,11 +521,11 @@ function M.check_runnable(cfg)
         end
     end
     local missing
-    for _, k in ipairs({'pp', 'cp', 'etp', 'vpp'}) do
+    for _, k in ipairs({'pp', 'cp', 'vpp'}) do
         if p[k] ~= 1 and not missing then
             missing = ('parallel.%s=%s: this parallel degree is not implemented in this version of lunar (data, tensor '
-                .. 'and expert parallel are: mpirun -np N with parallel.tp or parallel.ep dividing N and parallel.pp, '
-                .. 'cp, etp and vpp all 1); set parallel.%s=1'):format(k, tostring(p[k]), k)
+                .. 'and expert parallel are: mpirun -np N with parallel.tp and parallel.ep * parallel.etp dividing N and '
+                .. 'parallel.pp, cp and vpp all 1); set parallel.%s=1'):format(k, tostring(p[k]), k)
         end
     end
     if not missing and p.tp > 1 and cfg.benchmark and (cfg.benchmark.every or 0) > 0 then
@@ -536,13 +537,18 @@ function M.check_runnable(cfg)
         missing = ('parallel.tp=%d with LoRA (peft): adapters on split projections are not implemented in this version '
             .. 'of lunar; run the LoRA recipe data or expert parallel'):format(p.tp)
     end
+    if not missing and p.etp > 1 and p.distributed_optimizer == false then
+        missing = ('parallel.etp=%d with parallel.distributed_optimizer=false is not implemented in this version of '
+            .. 'lunar (the replicated optimizer\'s state differs between the etp ranks and is written by one); leave '
+            .. 'parallel.distributed_optimizer=true'):format(p.etp)
+    end
     if not missing and p.tp > 1 and p.distributed_optimizer == false then
         missing = ('parallel.tp=%d with parallel.distributed_optimizer=false is not implemented in this version of '
             .. 'lunar (the replicated optimizer\'s state differs between the tp ranks and is written by one); leave '
             .. 'parallel.distributed_optimizer=true'):format(p.tp)
     end
     -- the layout first, so that a world the degrees do not divide is named with its numbers
-    local ok, err = pcall(lunar.dist.plan, {tp = p.tp, pp = p.pp, cp = p.cp, ep = p.ep}, env.size)
+    local ok, err = pcall(lunar.dist.plan, {tp = p.tp, pp = p.pp, cp = p.cp, ep = p.ep, etp = p.etp}, env.size)
     if not ok then
         user_error(('recipe %s: the parallel layout does not fit %d rank%s: %s%s'):format(cfg.name, env.size,
             env.size == 1 and '' or 's', lunar.config.strip_where(tostring(err)), missing and ('; and ' .. missing) or ''))

@@ -229,14 +229,15 @@ end
 --
 -- Rank order (Megatron's default): tp fastest, then cp, then dp, then pp:
 --   rank = tp_i + tp * (cp_i + cp * (dp_i + dp * pp_i)),   dp = world / (tp * cp * pp)
--- Expert layout: inside one pipeline stage the tp*cp*dp ranks are regrouped as ep consecutive
--- ranks x edp (expert data parallel):
---   s = rank % (tp * cp * dp),  ep_i = s % ep,  edp_i = floor(s / ep),   so ep | tp*cp*dp
+-- Expert layout: inside one pipeline stage the tp*cp*dp ranks are regrouped as etp (expert tensor
+-- parallel, fastest) x ep x edp (expert data parallel):
+--   s = rank % (tp * cp * dp),  etp_i = s % etp,  ep_i = floor(s / etp) % ep,
+--   edp_i = floor(s / (etp * ep)),   so ep * etp | tp*cp*dp
 -- Groups: tp, cp, dp, pp vary one coordinate; dp_cp varies dp and cp (ordered cp fastest);
--- ep and edp vary one expert coordinate within the stage; world is everyone.
+-- etp, ep and edp vary one expert coordinate within the stage; world is everyone.
 
-local AXES = {'tp', 'cp', 'dp', 'pp', 'dp_cp', 'ep', 'edp', 'world'}
-local SPEC_KEYS = {tp = true, pp = true, ep = true, cp = true, dp = true}
+local AXES = {'tp', 'cp', 'dp', 'pp', 'dp_cp', 'ep', 'etp', 'edp', 'world'}
+local SPEC_KEYS = {tp = true, pp = true, ep = true, etp = true, cp = true, dp = true}
 
 local function positive_int(spec, k)
     local v = spec[k]
@@ -256,6 +257,7 @@ function M.plan(spec, world_size)
         if not SPEC_KEYS[k] then fail(('layout: unknown key \'%s\' (tp, pp, ep, cp; dp is derived)'):format(tostring(k))) end
     end
     local tp, pp, cp, ep = positive_int(spec, 'tp'), positive_int(spec, 'pp'), positive_int(spec, 'cp'), positive_int(spec, 'ep')
+    local etp = positive_int(spec, 'etp')
     local w = world_size
     local denom = tp * pp * cp
     if w % denom ~= 0 then
@@ -266,11 +268,16 @@ function M.plan(spec, world_size)
         fail(('layout: dp=%s does not match world size %d / (tp*pp*cp = %d) = %d'):format(tostring(spec.dp), w, denom, dp))
     end
     local stage = tp * cp * dp
-    if stage % ep ~= 0 then
-        fail(('layout: ep=%d must divide tp*cp*dp = %d*%d*%d = %d (the ranks of one pipeline stage)')
-            :format(ep, tp, cp, dp, stage))
+    if stage % (ep * etp) ~= 0 then
+        if etp == 1 then
+            fail(('layout: ep=%d must divide tp*cp*dp = %d*%d*%d = %d (the ranks of one pipeline stage)')
+                :format(ep, tp, cp, dp, stage))
+        end
+        fail(('layout: ep*etp = %d*%d = %d must divide tp*cp*dp = %d*%d*%d = %d (the ranks of one pipeline stage)')
+            :format(ep, etp, ep * etp, tp, cp, dp, stage))
     end
-    local p = {tp = tp, cp = cp, dp = dp, pp = pp, ep = ep, edp = stage / ep, world = w, dp_cp = dp * cp}
+    local p = {tp = tp, cp = cp, dp = dp, pp = pp, ep = ep, etp = etp, edp = stage / (ep * etp), world = w,
+               dp_cp = dp * cp}
     function p.coords(r)
         local s = r % stage
         return {
@@ -278,8 +285,9 @@ function M.plan(spec, world_size)
             cp = math.floor(r / tp) % cp,
             dp = math.floor(r / (tp * cp)) % dp,
             pp = math.floor(r / stage),
-            ep = s % ep,
-            edp = math.floor(s / ep),
+            etp = s % etp,
+            ep = math.floor(s / etp) % ep,
+            edp = math.floor(s / (etp * ep)),
         }
     end
     local function rank_of(c) return c.tp + tp * (c.cp + cp * (c.dp + dp * c.pp)) end
@@ -291,11 +299,12 @@ function M.plan(spec, world_size)
         elseif axis == 'dp' then return c.tp + tp * (c.cp + cp * c.pp), c.dp
         elseif axis == 'pp' then return r % stage, c.pp
         elseif axis == 'dp_cp' then return c.tp + tp * c.pp, c.cp + cp * c.dp
-        elseif axis == 'ep' then return c.edp + p.edp * c.pp, c.ep
-        elseif axis == 'edp' then return c.ep + ep * c.pp, c.edp
+        elseif axis == 'ep' then return c.etp + etp * (c.edp + p.edp * c.pp), c.ep
+        elseif axis == 'etp' then return c.ep + ep * (c.edp + p.edp * c.pp), c.etp
+        elseif axis == 'edp' then return c.etp + etp * (c.ep + ep * c.pp), c.edp
         elseif axis == 'world' then return 0, r
         end
-        fail(('layout: unknown axis \'%s\' (tp, cp, dp, pp, ep, edp, dp_cp, world)'):format(tostring(axis)))
+        fail(('layout: unknown axis \'%s\' (tp, cp, dp, pp, ep, etp, edp, dp_cp, world)'):format(tostring(axis)))
     end
     -- world ranks of the group of `axis` that holds rank r, in group order
     function p.members(axis, r)
@@ -320,14 +329,14 @@ Layout.__index = Layout
 -- think in different layouts, and later collectives would run on groups of the wrong size
 local function check_same_layout(w, p, key)
     if w:size() == 1 then return end
-    local mine = {p.tp, p.cp, p.dp, p.pp, p.ep}
+    local mine = {p.tp, p.cp, p.dp, p.pp, p.ep, p.etp}
     local all = M.all_gather(tensor.api.tensor(mine, 'i64'), {group = w}):tolist_flat()
     for r = 0, w:size() - 1 do
-        for i = 1, 5 do
-            if all[r * 5 + i] ~= mine[i] then
-                fail(('layout: the ranks disagree: rank %d asks for %s, rank %d for tp=%d cp=%d dp=%d pp=%d ep=%d '
-                    .. '(every rank must pass the same spec)'):format(w:rank(), key, r, all[r * 5 + 1], all[r * 5 + 2],
-                    all[r * 5 + 3], all[r * 5 + 4], all[r * 5 + 5]))
+        for i = 1, 6 do
+            if all[r * 6 + i] ~= mine[i] then
+                fail(('layout: the ranks disagree: rank %d asks for %s, rank %d for tp=%d cp=%d dp=%d pp=%d ep=%d%s '
+                    .. '(every rank must pass the same spec)'):format(w:rank(), key, r, all[r * 6 + 1], all[r * 6 + 2],
+                    all[r * 6 + 3], all[r * 6 + 4], all[r * 6 + 5], all[r * 6 + 6] > 1 and (' etp=' .. all[r * 6 + 6]) or ''))
             end
         end
     end
@@ -340,10 +349,11 @@ function M.layout(spec)
     local w = M.init()
     local p = M.plan(spec, w:size())
     local key = ('tp=%d cp=%d dp=%d pp=%d ep=%d'):format(p.tp, p.cp, p.dp, p.pp, p.ep)
+        .. (p.etp > 1 and (' etp=' .. p.etp) or '')
     check_same_layout(w, p, key)   -- before the cache: a cached layout on one rank must not skip it
     if layouts[key] then return layouts[key] end
     local me = w:rank()
-    local lay = setmetatable({tp = p.tp, cp = p.cp, dp = p.dp, pp = p.pp, ep = p.ep, edp = p.edp,
+    local lay = setmetatable({tp = p.tp, cp = p.cp, dp = p.dp, pp = p.pp, ep = p.ep, etp = p.etp, edp = p.edp,
                               world_size = p.world, plan = p, key = key, groups = {}, _coords = p.coords(me)}, Layout)
     for _, axis in ipairs(AXES) do
         if axis == 'world' then
@@ -359,11 +369,11 @@ end
 
 function Layout:group(axis)
     local g = self.groups[axis]
-    if not g then fail(('layout: unknown axis \'%s\' (tp, cp, dp, pp, ep, edp, dp_cp, world)'):format(tostring(axis))) end
+    if not g then fail(('layout: unknown axis \'%s\' (tp, cp, dp, pp, ep, etp, edp, dp_cp, world)'):format(tostring(axis))) end
     return g
 end
 
--- this rank's 0-based index along each axis: {tp=, cp=, dp=, pp=, ep=, edp=}
+-- this rank's 0-based index along each axis: {tp=, cp=, dp=, pp=, ep=, etp=, edp=}
 function Layout:coords()
     local c = {}
     for k, v in pairs(self._coords) do c[k] = v end

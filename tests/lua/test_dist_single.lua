@@ -72,11 +72,11 @@ local function check_plan(spec, w)
     T.equal(p.tp * p.cp * p.dp * p.pp, w, 'tp*cp*dp*pp = world')
     local stage = p.tp * p.cp * p.dp
     local varies = {tp = {'tp'}, cp = {'cp'}, dp = {'dp'}, pp = {'pp'}, dp_cp = {'dp', 'cp'},
-                    ep = {'ep'}, edp = {'edp'}, world = {'tp', 'cp', 'dp', 'pp'}}
+                    ep = {'ep'}, etp = {'etp'}, edp = {'edp'}, world = {'tp', 'cp', 'dp', 'pp'}}
     for r = 0, w - 1 do
         local c = p.coords(r)
         T.equal(c.tp + p.tp * (c.cp + p.cp * (c.dp + p.dp * c.pp)), r, 'rank order tp, cp, dp, pp')
-        T.equal(c.ep + p.ep * c.edp, r % stage, 'expert coords regroup the stage')
+        T.equal(c.etp + p.etp * (c.ep + p.ep * c.edp), r % stage, 'expert coords regroup the stage')
         for axis, vs in pairs(varies) do
             local m = p.members(axis, r)
             local expect = 1
@@ -89,9 +89,11 @@ local function check_plan(spec, w)
                 -- members agree with r on every coordinate the axis does not vary
                 local same_stage = math.floor(q / stage) == math.floor(r / stage)
                 if axis == 'ep' then
-                    check(same_stage and cq.edp == c.edp and cq.ep == pos - 1, axis .. ' member')
+                    check(same_stage and cq.edp == c.edp and cq.etp == c.etp and cq.ep == pos - 1, axis .. ' member')
+                elseif axis == 'etp' then
+                    check(same_stage and cq.edp == c.edp and cq.ep == c.ep and cq.etp == pos - 1, axis .. ' member')
                 elseif axis == 'edp' then
-                    check(same_stage and cq.ep == c.ep and cq.edp == pos - 1, axis .. ' member')
+                    check(same_stage and cq.ep == c.ep and cq.etp == c.etp and cq.edp == pos - 1, axis .. ' member')
                 else
                     for _, k in ipairs({'tp', 'cp', 'dp', 'pp'}) do
                         local free = false
@@ -120,11 +122,18 @@ T:test('plan: the layout rule on 16 and 64 ranks', function()
     check_plan({tp = 4, ep = 8, pp = 2, cp = 2}, 64)
     check_plan({ep = 8}, 8)
     check_plan({}, 3)
+    -- expert tensor parallel: etp fastest, then ep, then edp (Megatron's expert rank order)
+    p = check_plan({tp = 2, ep = 2, etp = 2, pp = 2}, 16)
+    T.equal(p.members('etp', 9), {8, 9}, 'etp consecutive within the stage')
+    T.equal(p.members('ep', 9), {9, 11}, 'ep stride etp')
+    T.equal(p.members('edp', 9), {9, 13}, 'edp stride ep*etp')
+    check_plan({ep = 2, etp = 4}, 16)
 end)
 
 T:test('plan errors name the numbers', function()
     T.raises(function() d.plan({tp = 4, pp = 3}, 16) end, 'world size 16 is not divisible by tp*pp*cp = 4*3*1 = 12')
     T.raises(function() d.plan({tp = 2, ep = 16, pp = 2}, 16) end, 'ep=16 must divide tp*cp*dp = 2*1*4 = 8')
+    T.raises(function() d.plan({ep = 2, etp = 4}, 4) end, 'ep*etp = 2*4 = 8 must divide tp*cp*dp = 1*1*4 = 4')
     T.raises(function() d.plan({tp = 2}, 16).members('zz', 0) end, "unknown axis 'zz'")
     T.raises(function() d.plan('tp=2', 16) end, 'expected a table')
 end)

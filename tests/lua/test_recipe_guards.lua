@@ -141,7 +141,9 @@ T:test('settings that would be replaced or misread are refused by name', functio
     refuses(function() common.check_runnable(common.recipe('sft', {parallel = {tp = 2}})) end,
         {'world size 1 is not divisible by tp*pp*cp = 2*1*1 = 2'})
     refuses(function() common.check_runnable(common.recipe('sft', {parallel = {etp = 2}})) end,
-        {'parallel.etp=2', 'not implemented'})
+        {'does not fit 1 rank', 'ep*etp = 1*2 = 2 must divide tp*cp*dp = 1*1*1 = 1'})
+    refuses(function() common.check_runnable(common.recipe('sft', {parallel = {etp = 2,
+        distributed_optimizer = false}})) end, {'parallel.etp=2 with parallel.distributed_optimizer=false'})
     refuses(function() common.check_runnable(common.recipe('sft', {parallel = {bucket_mb = 0}})) end,
         {'parallel.bucket_mb=0', 'positive'})
     refuses(function() common.check_runnable(common.recipe('sft', {data = {train = '/'}})) end,

@@ -143,7 +143,7 @@ end
 function M.layout_step(T, spec, config, micro_batch, replay)
     micro_batch = micro_batch or 2
     local lay = d.layout(spec)
-    local dp, ep, tp = lay:group('dp'), lay:group('ep'), lay:group('tp')
+    local dp, ep, tp, etp = lay:group('dp'), lay:group('ep'), lay:group('tp'), lay:group('etp')
     local cfg = {}
     if not (config and config.model_type) then   -- changes to the tiny preset's, or a whole config
         for k, v in pairs(M.preset.common.model.config) do cfg[k] = v end
@@ -177,7 +177,7 @@ function M.layout_step(T, spec, config, micro_batch, replay)
         end
         assert(differ > 0, 'the replayed routes are the ones the model would choose')
     end
-    local B = lunar.model.new(cfg, {seed = 11, ep = ep, tp = tp})
+    local B = lunar.model.new(cfg, {seed = 11, ep = ep, tp = tp, etp = etp})
     local targets = d.all_reduce(lunar.tensor({b.num_targets}, 'f64'), {group = dp}):item()
     T.equal(targets, ref_batch.num_targets, 'global target count')
     local outB = B:forward(b, {loss = true, num_items_in_batch = targets})
@@ -194,11 +194,10 @@ function M.layout_step(T, spec, config, micro_batch, replay)
         local e = name:match('%.mlp%.experts%.(%d+)%.')
         if e then held[#held + 1] = name else dense[#dense + 1] = name end
     end
-    -- tensor parallel: where this rank's block of each split tensor sits in the whole one
-    local slices = {}
-    for _, s in ipairs(lunar.model.params.spec(B.cfg, {tp = {rank = tp:rank(), size = tp:size()}})) do
-        slices[s.name] = s.slice
-    end
+    -- tensor parallel (and expert tensor parallel): where this rank's block of each split tensor
+    -- sits in the whole one
+    local slices = B:tp_slices('tp')
+    for name, sl in pairs(B:tp_slices('etp')) do slices[name] = sl end
     local per_layer = 0
     for name in B.params:names() do if name:match('^model%.layers%.1%.mlp%.experts%.%d+%.gate_proj') then per_layer = per_layer + 1 end end
     T.equal(per_layer, E / ep:size(), 'experts held per layer')
@@ -209,7 +208,7 @@ function M.layout_step(T, spec, config, micro_batch, replay)
     end
     -- (with tp and no ep the experts are whole on every rank and see the tp group's same tokens:
     -- their gradients are the same on the tp ranks and add up over dp only)
-    local expert_group = ep:size() > 1 and lay:group('edp') or dp
+    local expert_group = (ep:size() > 1 or etp:size() > 1) and lay:group('edp') or dp
     for _, name in ipairs(held) do
         local g = B.params.grads[name]
         if g then d.all_reduce(g, {group = expert_group}) end

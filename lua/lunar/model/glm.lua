@@ -55,7 +55,7 @@ local function build_layer(store, cfg, i, opts)
     if L.mlp_type == 'dense' then
         L.mlp = nn.MLP.new(store, p .. '.mlp', cfg.hidden_act, {tp = opts.tp})
     else
-        L.mlp = nn.MoE.new(store, p .. '.mlp', cfg, {ep = opts.ep, tp = opts.tp})
+        L.mlp = nn.MoE.new(store, p .. '.mlp', cfg, {ep = opts.ep, tp = opts.tp, etp = opts.etp})
     end
     return L
 end
@@ -102,18 +102,15 @@ end
 -- fp32_residual (keep the residual stream in f32 when dtype is bf16/f16; see build()), mtp
 -- (false: no MTP layer even when the config declares num_nextn_predict_layers), ep (a lunar.dist
 -- group: expert parallel, this rank holds and runs its range of the routed experts; see
--- lunar.nn.MoE).
+-- lunar.nn.MoE), tp (a lunar.dist group: tensor parallel), etp (a lunar.dist group: expert tensor
+-- parallel, each routed expert's matrices split over it).
 function M.new(cfg, opts)
     opts = opts or {}
     local rng = core.rng_new(opts.seed or 0):split('init')
     local store = nn.params.new()
     local std = cfg.initializer_range or 0.02
     local indexer_trainable = (opts.indexer_loss_coeff or 0) > 0
-    local spec_opts = {mtp = opts.mtp, tp = M.tp_of(cfg, opts)}
-    if opts.ep and opts.ep:size() > 1 then
-        spec_opts.experts = params.expert_range(cfg, opts.ep:rank(), opts.ep:size())
-    end
-    for _, s in ipairs(params.spec(cfg, spec_opts)) do
+    for _, s in ipairs(params.spec(cfg, M.spec_opts(cfg, opts))) do
         -- a tensor-parallel block is drawn as the whole tensor and cut, so every layout starts
         -- from the one-rank weights
         local t = core.empty(s.full_shape or s.shape, s.dtype or opts.dtype or 'f32', opts.device)
@@ -152,6 +149,29 @@ function M.tp_of(cfg, opts)
         end
     end
     return {rank = g:rank(), size = g:size()}
+end
+
+-- opts.etp (a lunar.dist group): {rank =, size =} for lunar.model.params.spec, or nil. Expert
+-- tensor parallel splits each routed expert's gate/up by rows and down by columns.
+function M.etp_of(cfg, opts)
+    local g = opts.etp
+    if not g or g:size() <= 1 then return nil end
+    local Im = cfg.moe_intermediate_size
+    if not cfg.n_routed_experts or not Im then
+        tensor.fail(('expert tensor parallel (etp = %d): the model has no routed experts'):format(g:size()))
+    end
+    if Im % g:size() ~= 0 then
+        tensor.fail(('expert tensor parallel: moe_intermediate_size %d is not divisible by etp = %d'):format(Im, g:size()))
+    end
+    return {rank = g:rank(), size = g:size()}
+end
+
+-- the lunar.model.params.spec options of a model built with opts (mtp, the experts this rank
+-- holds, its tp and etp blocks)
+function M.spec_opts(cfg, opts)
+    local o = {mtp = opts.mtp, tp = M.tp_of(cfg, opts), etp = M.etp_of(cfg, opts)}
+    if opts.ep and opts.ep:size() > 1 then o.experts = params.expert_range(cfg, opts.ep:rank(), opts.ep:size()) end
+    return o
 end
 
 -- A model over an existing parameter store (the loader fills it).
@@ -633,13 +653,12 @@ function Model:tp_partial_grads()
 end
 
 -- tensor parallel: {name = {dim =, start =, len =}} of the parameters split over tp (this rank's
--- block of each), empty without tp
-function Model:tp_slices()
-    local tp = self.opts.tp
+-- block of each), empty without tp; axis 'etp': the routed experts' blocks over etp
+function Model:tp_slices(axis)
+    axis = axis or 'tp'
     local out = {}
-    if not tp or tp:size() <= 1 then return out end
-    for _, s in ipairs(params.spec(self.cfg, {tp = {rank = tp:rank(), size = tp:size()}})) do
-        if s.slice and self.params:has(s.name) then out[s.name] = s.slice end
+    for _, s in ipairs(params.spec(self.cfg, M.spec_opts(self.cfg, self.opts))) do
+        if s.slice and s.slice.group == axis and self.params:has(s.name) then out[s.name] = s.slice end
     end
     return out
 end

@@ -59,7 +59,8 @@ end
 --   A checkpoint holding some but not all of the MTP layer's tensors is always an error.
 --   ep (a lunar.dist group): expert parallel, the model keeps this rank's range of the routed
 --   experts (lunar.model.params.expert_range) and leaves the others' tensors. tp (a group):
---   tensor parallel, the model keeps this rank's block of each split tensor.
+--   tensor parallel, the model keeps this rank's block of each split tensor; etp (a group):
+--   expert tensor parallel, its block of each routed expert's matrices.
 --   model.source.mtp_missing is true when the MTP layer was left out.
 function M.load(dir, opts)
     opts = opts or {}
@@ -85,8 +86,9 @@ function M.load(dir, opts)
         local e = experts and name:match('%.mlp%.experts%.(%d+)%.')
         return e and (tonumber(e) < experts.first or tonumber(e) >= experts.first + experts.count) or false
     end
-    local tp = glm.tp_of(cfg, opts)   -- tensor parallel: this rank's block of each split tensor
-    local spec = params.spec(cfg, {experts = experts, tp = tp})
+    -- tensor parallel (opts.tp) and expert tensor parallel (opts.etp): this rank's block of each
+    -- split tensor
+    local spec = params.spec(cfg, {experts = experts, tp = glm.tp_of(cfg, opts), etp = glm.etp_of(cfg, opts)})
     local known, missing, missing_mtp, n_mtp = {}, {}, {}, 0
     for _, s in ipairs(spec) do
         known[s.name] = s
@@ -115,7 +117,8 @@ function M.load(dir, opts)
         local o = {}
         for k, v in pairs(opts) do o[k] = v end
         o.mtp, opts = false, o
-        spec, known, missing = params.spec(cfg, {mtp = false, experts = experts, tp = tp}), {}, {}
+        spec, known, missing = params.spec(cfg, {mtp = false, experts = experts, tp = glm.tp_of(cfg, opts),
+            etp = glm.etp_of(cfg, opts)}), {}, {}
         for _, s in ipairs(spec) do known[s.name] = s end
         if not opts.quiet then
             _G.io.stderr:write(('lunar.model.load: %s: config.json declares num_nextn_predict_layers = %d, but the '

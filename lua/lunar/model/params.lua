@@ -2,8 +2,8 @@
 -- models, by name, with shapes, initialisation and trainability, derived from a validated config
 -- (lunar.model.config). Names are HF's checkpoint names (per-expert experts, as published).
 --
--- spec(cfg[, {mtp = false, experts = {first=, count=}, tp = {rank=, size=}}]) -> list of {name=, shape=, init='normal'|'ones'|'zeros',
--- trainable=bool, dtype=, mtp=bool}
+-- spec(cfg[, {mtp = false, experts = {first=, count=}, tp = {rank=, size=}, etp = {rank=, size=}}]) -> list of
+-- {name=, shape=, init='normal'|'ones'|'zeros', trainable=bool, dtype=, mtp=bool}
 -- The MTP layer (num_nextn_predict_layers > 0) is model.layers.<L>.*: a full decoder layer plus
 -- eh_proj, enorm, hnorm and shared_head.norm; it is carried (loaded and saved) and only runs when
 -- the model is asked for the MTP loss. {mtp = false} leaves it out: the model of a checkpoint
@@ -11,7 +11,9 @@
 -- save_pretrained writes such checkpoints; see lunar.model.load). {experts = expert_range(...)}
 -- lists the routed experts of that range only (what one expert-parallel rank holds). {tp = ...}
 -- gives the tensor-parallel rank's blocks of the split tensors (entries with `split`): shape is the
--- block's, full_shape the checkpoint's, slice = {dim =, start =, len =} where the block sits.
+-- block's, full_shape the checkpoint's, slice = {dim =, start =, len =, group = 'tp'} where the
+-- block sits. {etp = ...} likewise cuts each routed expert's matrices over expert tensor parallel
+-- (gate/up by rows, down by columns; entries with `esplit`, slice.group = 'etp').
 local M = {}
 
 -- split: the dim (1 or 2) tensor parallel splits it along (consecutive blocks in rank order), or nil
@@ -81,9 +83,9 @@ local function layer_specs(list, cfg, i, mlp_type, indexer, experts)
         if experts then first, count = experts.first, experts.count end
         for e = first, first + count - 1 do
             local x = ('%sexperts.%d.'):format(m, e)
-            add(list, x .. 'gate_proj.weight', {Im, H}, 'normal')
-            add(list, x .. 'up_proj.weight', {Im, H}, 'normal')
-            add(list, x .. 'down_proj.weight', {H, Im}, 'normal')
+            add(list, x .. 'gate_proj.weight', {Im, H}, 'normal'); list[#list].esplit = 1
+            add(list, x .. 'up_proj.weight', {Im, H}, 'normal'); list[#list].esplit = 1
+            add(list, x .. 'down_proj.weight', {H, Im}, 'normal'); list[#list].esplit = 2
         end
         local Is = Im * cfg.n_shared_experts
         if Is > 0 then
@@ -144,21 +146,25 @@ function M.spec(cfg, opts)
         layer_specs(list, cfg, i, 'sparse', cfg.model_type == 'glm_moe_dsa', opts and opts.experts)
     end
     for k = main + 1, #list do list[k].mtp = true end
-    local tp = opts and opts.tp
-    if tp and tp.size > 1 then
-        -- this rank's block of each split tensor: shape cut, slice = {dim =, start = 0-based, len =}
-        for _, s in ipairs(list) do
-            if s.split then
-                local full = s.shape[s.split]
-                if full % tp.size ~= 0 then
-                    error(('%s: dim %d of size %d is not divisible by the tensor-parallel size tp = %d'):format(s.name,
-                        s.split, full, tp.size), 2)
+    -- this rank's block of each split tensor: shape cut, slice = {dim =, start = 0-based, len =, group =}
+    for _, cut in ipairs({{axis = 'tp', key = 'split', what = 'tensor-parallel'},
+                          {axis = 'etp', key = 'esplit', what = 'expert tensor-parallel'}}) do
+        local g = opts and opts[cut.axis]
+        if g and g.size > 1 then
+            for _, s in ipairs(list) do
+                local dim = s[cut.key]
+                if dim then
+                    local full = s.shape[dim]
+                    if full % g.size ~= 0 then
+                        error(('%s: dim %d of size %d is not divisible by the %s size %s = %d'):format(s.name,
+                            dim, full, cut.what, cut.axis, g.size), 2)
+                    end
+                    local len = full / g.size
+                    s.full_shape = {s.shape[1], s.shape[2]}
+                    s.shape = {s.shape[1], s.shape[2]}
+                    s.shape[dim] = len
+                    s.slice = {dim = dim, start = g.rank * len, len = len, group = cut.axis}
                 end
-                local len = full / tp.size
-                s.full_shape = {s.shape[1], s.shape[2]}
-                s.shape = {s.shape[1], s.shape[2]}
-                s.shape[s.split] = len
-                s.slice = {dim = s.split, start = tp.rank * len, len = len}
             end
         end
     end

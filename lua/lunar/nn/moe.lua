@@ -182,14 +182,18 @@ function MoE.new(store, name, cfg, opts)
         gate_mods = {}, up_mods = {}, down_mods = {},     -- module names (LoRA adapters)
         first = 0, count = rc.E,                           -- the experts held here: [first, first + count)
     }, MoE)
-    if opts.ep and opts.ep:size() > 1 then
+    local etp = opts.etp and opts.etp:size() > 1 and opts.etp or nil
+    if opts.ep and (opts.ep:size() > 1 or etp) then
         local ep = opts.ep:size()
         if rc.E % ep ~= 0 then
             fail(('MoE %s: n_routed_experts %d is not divisible by the expert-parallel size ep = %d'):format(name, rc.E, ep))
         end
         self.ep, self.count = opts.ep, rc.E / ep
         self.first = opts.ep:rank() * self.count
+    elseif etp then
+        fail(('MoE %s: expert tensor parallel (etp = %d) needs the ep group (of size 1 when ep = 1)'):format(name, etp:size()))
     end
+    self.etp = etp
     for e = self.first, self.first + self.count - 1 do
         local p = name .. '.experts.' .. e
         self.gate_mods[e], self.up_mods[e], self.down_mods[e] = p .. '.gate_proj', p .. '.up_proj', p .. '.down_proj'
@@ -381,7 +385,61 @@ local function ep_plan(self, counts)
         end
         recv[s + 1] = total
     end
-    return send, recv, hits
+    return send, recv, hits, got
+end
+
+-- Expert tensor parallel: the etp members hold the same experts, each a block of their matrices
+-- (gate/up rows, down columns). Every member runs the rows all of them received, and the partial
+-- outputs are summed back to the member that received each row. got: this member's received
+-- rows per (sender, local expert). Returns the blocks of the rows of every member (by member,
+-- sender, expert) and {rows = each member's row count, mine = this member's}.
+local function etp_plan(self, got)
+    local n, ep, El = self.etp:size(), self.ep:size(), self.count
+    local per = ep * El
+    local all = dist.all_gather(core.from_flat(got, {per}, 'i64'), {group = self.etp}):tolist_flat()
+    local hits, rows, off = {}, {}, 0
+    for m = 0, n - 1 do
+        local total = 0
+        for s = 0, ep - 1 do
+            for le = 0, El - 1 do
+                local c = all[m * per + s * El + le + 1]
+                if c > 0 then hits[#hits + 1] = {e = self.first + le, off = off + 1, n = c, src = m * ep + s} end
+                off, total = off + c, total + c
+            end
+        end
+        rows[m + 1] = total
+    end
+    return hits, {rows = rows, mine = rows[self.etp:rank() + 1]}
+end
+
+-- every etp member's rows (R_m, C) stacked in member order: an all-gather of uneven pieces (an
+-- all_to_all sending this member's rows to each)
+local function etp_gather(self, t, plan)
+    local n, mine = self.etp:size(), plan.mine
+    local C = t:size(2)
+    local rep = core.empty({n * mine, C}, t:dtype(), t:device())
+    if mine > 0 then for m = 0, n - 1 do rep:narrow(1, m * mine + 1, mine):copy_(t) end end
+    local sends = {}
+    for m = 1, n do sends[m] = mine end
+    local all = dist.all_to_all(rep, sends, plan.rows, {group = self.etp})
+    rep:free()
+    return all
+end
+
+-- the partial sums over the stacked rows (sum R_m, C) back to their members, added in member
+-- order: (R_me, C)
+local function etp_reduce(self, t, plan)
+    local n, mine = self.etp:size(), plan.mine
+    local C = t:size(2)
+    local recvs = {}
+    for m = 1, n do recvs[m] = mine end
+    local parts = dist.all_to_all(t:contiguous(), plan.rows, recvs, {group = self.etp})   -- (n * mine, C)
+    local out = core.empty({mine, C}, t:dtype(), t:device())
+    if mine == 0 then return out end
+    out:copy_(parts:narrow(1, 1, mine))
+    for m = 1, n - 1 do ops.add_(out, parts:narrow(1, m * mine + 1, mine)) end
+    parts:free()
+    return out
 end
 
 -- The routed experts and the router on x (N, H): out (N, H) (without the shared experts), saved,
@@ -430,18 +488,28 @@ local function routed_forward(self, x, opts)
     local saved = {x = x, x32 = x32, idx = idx, sk = sk, inv = inv, rows = rows, tok = tok, wsorted = wsorted}
     if self.ep then
         -- expert parallel: every member takes part, with or without rows
-        local send, recv, hits = ep_plan(self, counts)
+        local send, recv, hits, got = ep_plan(self, counts)
         local xs = ops.index_select(x, 1, tok)                        -- (NK, H)
         local xr = dist.all_to_all(xs, send, recv, {group = self.ep}) -- (R, H) by sender, then expert
         xs:free()
         local wr = dist.all_to_all(wsorted, send, recv, {group = self.ep})
+        local et
+        if self.etp then   -- every etp member's rows, through this member's blocks of the experts
+            if store.lora then
+                fail(('MoE %s: LoRA adapters on experts split by expert tensor parallel (etp = %d) are not implemented')
+                    :format(self.name, self.etp:size()))
+            end
+            hits, et = etp_plan(self, got)
+            xr, wr = etp_gather(self, xr, et), etp_gather(self, wr, et)
+        end
         local Yr, se = experts_forward(self, xr, hits, ri, opts)
+        if et then Yr = etp_reduce(self, Yr, et) end
         local Y = dist.all_to_all(Yr, recv, send, {group = self.ep})  -- (NK, H) back in sorted order
         Yr:free()
         ops.mul(Y, wsorted, {out = Y})
         ops.index_select_sum(Y, rows, {out = out})
         Y:free()
-        saved.ep = {send = send, recv = recv, hits = hits, xr = xr, wr = wr, se = se}
+        saved.ep = {send = send, recv = recv, hits = hits, xr = xr, wr = wr, se = se, et = et}
     elseif NK > 0 then
         local hits, off = {}, 0
         for e = 0, E - 1 do
@@ -481,8 +549,13 @@ local function routed_backward(self, dy, saved, dx)
         local dys = ops.index_select(dy, 1, saved.tok)                -- (NK, H), unscaled
         local dyr = dist.all_to_all(dys, p.send, p.recv, {group = self.ep})
         dys:free()
+        if p.et then dyr = etp_gather(self, dyr, p.et) end
         local ar, dXr = experts_backward(self, p.xr, dyr, p.wr, p.hits, p.se, want_dx)
         dyr:free()
+        if p.et then   -- both are sums over the intermediate width: each member's is partial
+            ar = etp_reduce(self, ar:view(ar:numel(), 1), p.et)
+            if dXr then dXr = etp_reduce(self, dXr, p.et) end
+        end
         a = dist.all_to_all(ar:view(ar:numel(), 1), p.recv, p.send, {group = self.ep}):view(NK)
         if dXr then
             dXs = dist.all_to_all(dXr, p.recv, p.send, {group = self.ep})

@@ -40,13 +40,16 @@ function M.setup(cfg)
     local env = dist.env()
     if env.size <= 1 or cfg.single_rank then return nil end
     local p = cfg.parallel or {}
-    local lay = dist.layout{tp = p.tp or 1, pp = p.pp or 1, cp = p.cp or 1, ep = p.ep or 1}
+    local lay = dist.layout{tp = p.tp or 1, pp = p.pp or 1, cp = p.cp or 1, ep = p.ep or 1, etp = p.etp or 1}
     local g = lay:group('dp')
     local bucket_mb = p.bucket_mb or 16
     local self = setmetatable({layout = lay, group = g, rank = g:rank(), size = g:size(),
         world_rank = dist.rank(), distributed = p.distributed_optimizer ~= false,
         bucket_elems = math.max(1, math.floor(bucket_mb * 2 ^ 20 / 4))}, DP)
-    if (p.ep or 1) > 1 then self.ep, self.edp = lay:group('ep'), lay:group('edp') end
+    -- expert parallel: the experts spread over ep and/or each expert's matrices over etp (the ep
+    -- group, of one rank when ep = 1, dispatches the tokens)
+    if (p.ep or 1) > 1 or (p.etp or 1) > 1 then self.ep, self.edp = lay:group('ep'), lay:group('edp') end
+    if (p.etp or 1) > 1 then self.etp = lay:group('etp') end
     if (p.tp or 1) > 1 then self.tp = lay:group('tp') end
     return self
 end
@@ -77,25 +80,32 @@ function DP:optimizer(store, model, adamw_opts)
         for n in pairs(model:tp_slices()) do split[n] = true end
         tp_buf, tp_opt = {group = self.tp, partial = partial}, {group = self.tp, split = split}
     end
-    local function part(group, filter)
+    -- expert tensor parallel: the experts' blocks' squares add up over etp in the clipping norm
+    local etp_opt
+    if self.etp then
+        local split = {}
+        for n in pairs(model:tp_slices('etp')) do split[n] = true end
+        etp_opt = {group = self.etp, split = split}
+    end
+    local function part(group, filter, norm_opt)
         local buffer = grad_buffer.new(store, {group = group, shard = self.distributed, bucket_elems = self.bucket_elems,
                                                model = model, filter = filter, tp = tp_buf})
         buffer:watch(model)
         local o = {}
         for k, v in pairs(adamw_opts) do o[k] = v end
-        o.filter, o.tp = filter, tp_opt
+        o.filter, o.tp = filter, norm_opt
         local opt = self.distributed and distributed.new(store, buffer, o) or AdamW.new(store, o)
         return buffer, opt
     end
     if not experts then
         local opt
-        self.buffer, opt = part(self.group, nil)
+        self.buffer, opt = part(self.group, nil, tp_opt)
         self.buffers = {self.buffer}
         return opt
     end
     local dense_opt, expert_opt
-    self.buffer, dense_opt = part(self.group, function(name) return not is_expert(name) end)
-    self.expert_buffer, expert_opt = part(self.edp, is_expert)
+    self.buffer, dense_opt = part(self.group, function(name) return not is_expert(name) end, tp_opt)
+    self.expert_buffer, expert_opt = part(self.edp, is_expert, etp_opt)
     self.buffers = {self.buffer, self.expert_buffer}
     return partitioned.new{{name = 'dense', opt = dense_opt}, {name = 'experts', opt = expert_opt, across = self.ep}}
 end
@@ -137,11 +147,16 @@ function DP:check_same_checkpoint(st)
 end
 
 -- the model whole, for writing it (collective: every rank calls it; each ep group gathers its
--- members' experts, each tp group its members' blocks). A view of `model` whose store holds this
+-- members' experts, each tp (etp) group its members' blocks). A view of `model` whose store holds this
 -- rank's parameters, the other members' experts and the split tensors whole, in the one-rank
 -- order; save_hf writes what one rank would.
 function DP:gathered_model(model)
     if not self.ep and not self.tp then return model end
+    -- a block of a tensor split along dim over group, whole again (the blocks in group order)
+    local function whole(t, dim, group)
+        if dim == 1 then return dist.all_gather(t:contiguous(), {group = group}) end
+        return dist.all_gather(t:t():contiguous(), {group = group}):t():contiguous()   -- columns: the transposes' rows
+    end
     local Params = require 'lunar.nn.params'
     local params_spec = require 'lunar.model.params'
     local ep = self.ep and self.ep:size() or 1
@@ -152,21 +167,17 @@ function DP:gathered_model(model)
         local slices = model:tp_slices()
         for _, name in ipairs(model.params.order) do
             local sl = slices[name]
-            if sl then
-                local t = model.params:get(name)
-                if sl.dim == 1 then
-                    others[name] = dist.all_gather(t:contiguous(), {group = self.tp})
-                else   -- columns: gather the transposes' rows
-                    others[name] = dist.all_gather(t:t():contiguous(), {group = self.tp}):t():contiguous()
-                end
-            end
+            if sl then others[name] = whole(model.params:get(name), sl.dim, self.tp) end
         end
     end
+    local eslices = self.etp and model:tp_slices('etp') or {}
     for name in model.params:names() do
         local prefix, e, rest = name:match('^(.*%.mlp%.experts%.)(%d+)(%..*)$')
         if prefix and self.ep then
             local le = tonumber(e) % El
             local t = model.params:get(name):contiguous()
+            -- expert tensor parallel: the expert whole first (its blocks over etp)
+            if eslices[name] then t = whole(t, eslices[name].dim, self.etp) end
             local all = dist.all_gather(t, {group = self.ep})         -- (ep * rows, ...) in ep order
             local rows = t:size(1)
             for r = 0, ep - 1 do
@@ -287,8 +298,10 @@ function DP:report(cfg, params_store, opt, log)
         self.distributed and ('sharded: %d elements per rank'):format(b.shard_elems) or 'replicated on every rank')
     if self.expert_buffer then
         local eb = self.expert_buffer
-        log(cfg, '  expert parallel: ep=%d (ep groups of ranks %s), edp=%d; the routed experts this rank holds: %d '
+        log(cfg, '  expert parallel: ep=%d (ep groups of ranks %s)%s, edp=%d; the routed experts this rank holds: %d '
             .. 'elements in %d bucket%s, %s over edp', self.ep:size(), table.concat(self.ep:ranks(), ','),
+            self.etp and (', etp=%d (etp groups of ranks %s: each expert\'s matrices split)'):format(self.etp:size(),
+                table.concat(self.etp:ranks(), ',')) or '',
             self.edp:size(), eb.total, #eb.buckets, #eb.buckets == 1 and '' or 's',
             self.distributed and 'reduce-scattered' or 'all-reduced')
     end

@@ -139,10 +139,11 @@ local function model_config(cfg)
     return lunar.model.config.from_table(cfg.model.config, 'model.config')
 end
 
-local function build_model(cfg, resume_model_dir, ep, tp)
+local function build_model(cfg, resume_model_dir, dp)
     local mc = cfg.model
     local opts = {dtype = mc.dtype, device = mc.device, seed = mc.seed, indexer_loss_coeff = mc.indexer_loss_coeff,
-                  fp32_residual = mc.fp32_residual, strict = mc.strict or nil, ep = ep, tp = tp}
+                  fp32_residual = mc.fp32_residual, strict = mc.strict or nil,
+                  ep = dp and dp.ep, tp = dp and dp.tp, etp = dp and dp.etp}
     if resume_model_dir and not cfg.peft then
         return lunar.model.load(resume_model_dir, opts)
     end
@@ -315,33 +316,46 @@ local function check_resumed_layout(cfg, st, dp)
             .. 'to start afresh (its model loads in any layout: model.path=%s)'):format(st.dir, saved_tp, now_tp,
             saved_tp, st.model_dir))
     end
-    local saved_ep, now_ep = saved.ep or 1, dp and dp.ep and dp.ep:size() or 1
-    if saved_ep ~= now_ep then
-        user_error(('%s was written with parallel.ep=%d, this run has parallel.ep=%d: the optimizer state of the experts '
-            .. 'is split by ep, and resharding it is not supported yet. Resume with parallel.ep=%d, or set '
-            .. 'checkpoint.resume=none to start afresh (its model loads in any layout: model.path=%s)'):format(st.dir,
-            saved_ep, now_ep, saved_ep, st.model_dir))
+    for _, k in ipairs({'ep', 'etp'}) do
+        local was, now = saved[k] or 1, dp and dp[k] and dp[k]:size() or 1
+        if was ~= now then
+            user_error(('%s was written with parallel.%s=%d, this run has parallel.%s=%d: the optimizer state of the '
+                .. 'experts is split by %s, and resharding it is not supported yet. Resume with parallel.%s=%d, or set '
+                .. 'checkpoint.resume=none to start afresh (its model loads in any layout: model.path=%s)'):format(st.dir,
+                k, was, k, now, k, k, was, st.model_dir))
+        end
     end
 end
 
 -- ---- setup --------------------------------------------------------------------------------------
 
--- expert parallel needs routed experts that the ep ranks divide; what it does not do yet is
--- refused here, on every rank, before any work
+-- expert parallel needs routed experts that the ep ranks divide (and an expert width etp
+-- divides); what it does not do yet is refused here, on every rank, before any work
 local function check_expert_parallel(cfg, mcfg, dp)
     local ep, E = dp.ep:size(), mcfg.n_routed_experts
+    local etp = dp.etp and dp.etp:size() or 1
+    local what = etp > 1 and ('parallel.etp=%d'):format(etp) or ('parallel.ep=%d'):format(ep)
     if not E or E < 1 then
-        user_error(('parallel.ep=%d: the model (%s) has no routed experts to spread; set parallel.ep=1'):format(ep,
+        user_error(('%s: the model (%s) has no routed experts to spread; set parallel.ep=1 and parallel.etp=1'):format(what,
             tostring(mcfg.architecture)))
+    end
+    local Im = mcfg.moe_intermediate_size
+    if etp > 1 and Im % etp ~= 0 then
+        user_error(('parallel.etp=%d does not divide the experts\' width %d (moe_intermediate_size): choose an etp that '
+            .. 'divides %d'):format(etp, Im, Im))
+    end
+    if etp > 1 and cfg.peft then
+        user_error(('parallel.etp=%d with LoRA (peft): adapters on experts split by etp are not implemented in this '
+            .. 'version of lunar; set parallel.etp=1'):format(etp))
     end
     if E % ep ~= 0 then
         user_error(('parallel.ep=%d does not divide the model\'s %d routed experts (n_routed_experts): choose an ep '
             .. 'that divides %d'):format(ep, E, E))
     end
     if cfg.benchmark and cfg.benchmark.every > 0 then
-        user_error(('parallel.ep=%d with benchmark.every=%d: generation with the experts spread is not implemented in '
+        user_error(('%s with benchmark.every=%d: generation with the experts spread is not implemented in '
             .. 'this version of lunar (rank 0 would generate alone); set benchmark.every=0 and evaluate the written '
-            .. 'model with recipes/eval.lua'):format(ep, cfg.benchmark.every))
+            .. 'model with recipes/eval.lua'):format(what, cfg.benchmark.every))
     end
     if cfg.peft and (cfg.peft.dropout or 0) > 0 then
         -- each rank runs its experts' adapters on other ranks' rows: the dropout draws would follow
@@ -388,7 +402,7 @@ local function setup(cfg)
     r.st = st
 
     r.model = setting_error(st and not cfg.peft and ('the checkpoint ' .. st.model_dir) or model_setting,
-        build_model, cfg, st and st.model_dir, dp and dp.ep, dp and dp.tp)
+        build_model, cfg, st and st.model_dir, dp)
     local params = r.model.params
     if cfg.peft then
         -- a resumed LoRA run reads its adapters back (the base weights come from model.path)
@@ -546,7 +560,8 @@ local function save_checkpoint(r, step, m)
         metrics = {loss = r.last_loss, skipped_steps = counts.skipped_steps, nan_steps = counts.nan_steps},
         extra = {lora_rng = r.adapters and r.adapters:rng_state() or nil, recipe = recipe_diff.snapshot(cfg),
                  parallel = r.dp and {dp = r.dp.size, distributed_optimizer = r.dp.distributed,
-                                      ep = r.dp.ep and r.dp.ep:size() or nil, tp = r.dp.tp and r.dp.tp:size() or nil}
+                                      ep = r.dp.ep and r.dp.ep:size() or nil, tp = r.dp.tp and r.dp.tp:size() or nil,
+                                      etp = r.dp.etp and r.dp.etp:size() or nil}
                                   or nil}},
         r.opt.shard_state and r.opt:shard_state() or nil)
     r.saved_step = step
