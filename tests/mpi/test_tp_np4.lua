@@ -2,7 +2,8 @@
 -- Tensor parallel on 4 ranks, a GLM-4.x MoE model and the tiny GLM-5: one step at tp=4 and at
 -- tp=2 x dp=2 equals one rank's on the whole global batch (the loss and every gradient within 1e-5 relative L2, each
 -- rank's block against its block of the whole gradient); so do tp x ep layouts (each tp rank sends
--- its share of the tokens to the experts), and 20 SFT steps in them.
+-- its share of the tokens to the experts), and 20 SFT steps in them; tp=2 x ep=2 checkpoints resume
+-- bit for bit and load at one rank and at ep=4, and its written model is the one-rank file.
 local lunar = require 'lunar'
 local common = dofile('tests/mpi/common.lua')
 local dpc = dofile('tests/mpi/dp_common.lua')
@@ -78,6 +79,68 @@ T:test('20 steps of the tiny SFT recipe at tp=4, tp=2 x dp=2 and tp=2 x ep=2 giv
         checkpoint = {every = 0}})).losses, one4.losses)
     check('tp=2 x ep=2', recipes.run('sft', dpc.recipe(dir .. '/tpep', {parallel = {tp = 2, ep = 2},
         checkpoint = {every = 0}})).losses, one4.losses)
+    d.barrier()
+    if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
+end)
+
+T:test('tp=2 x ep=2 checkpoints: the written model is the one-rank file byte for byte; stopped and resumed, bit for '
+    .. 'bit; the checkpoint loads at one rank and at ep=4 with the run\'s weights bit for bit', function()
+    local data_parallel = require 'lunar.train.data_parallel'
+    local dir = dpc.tmpdir()
+    local dp = data_parallel.setup({parallel = {tp = 2, ep = 2}})
+    for i, cfg in ipairs({dpc.preset.common.model.config, dpc.glm4_config}) do
+        local whole = dp:gathered_model(lunar.model.new(cfg, {seed = 5, tp = dp.tp, ep = dp.ep}))
+        if d.rank() == 0 then
+            whole:save_hf(dir .. '/tpep' .. i)
+            lunar.model.new(cfg, {seed = 5}):save_hf(dir .. '/one' .. i)
+            for _, f in ipairs({'model.safetensors', 'config.json'}) do
+                local a = assert(io.open(dir .. '/tpep' .. i .. '/' .. f, 'rb')):read('*a')
+                local b = assert(io.open(dir .. '/one' .. i .. '/' .. f, 'rb')):read('*a')
+                assert(#a > 0 and a == b, f .. ' differs from the one-rank file')
+            end
+        end
+    end
+    -- stop after step 5 (checkpoint at 3), resume: steps 4-8 as the uninterrupted run
+    local over = {train = {steps = 8}, checkpoint = {every = 3}, parallel = {tp = 2, ep = 2}}
+    local full = recipes.run('sft', dpc.recipe(dir .. '/whole', over))
+    local cut = dpc.recipe(dir .. '/cut', over)
+    cut.stop_after = 5
+    recipes.run('sft', cut)
+    cut.stop_after = false
+    local second = recipes.run('sft', cut)
+    T.equal(second.start_step, 3, 'resumed from the checkpoint of step 3')
+    for i = 4, 8 do
+        assert(full.losses[i] == second.losses[i - 3], ('step %d: loss %.17g uninterrupted, %.17g resumed'):format(i,
+            full.losses[i], second.losses[i - 3]))
+    end
+    -- the step-3 checkpoint against the run's weights at step 3: whole on one rank, spread at ep=4
+    local at3 = dpc.recipe(dir .. '/at3', over)
+    at3.stop_after = 3
+    local run3 = recipes.run('sft', at3).model
+    local ck = dir .. '/at3/ckpt/step_000003/model'
+    local one = lunar.model.load(ck, {strict = true})
+    local ep4 = lunar.model.load(ck, {ep = d.layout{ep = 4}:group('ep')})
+    local slices = run3:tp_slices()
+    local n = 0
+    for name in run3.params:names() do
+        local mine = run3.params:get(name)
+        local sl = slices[name]
+        for _, m in ipairs({one, ep4}) do
+            if m.params:has(name) then
+                local t = m.params:get(name)
+                if sl then t = t:narrow(sl.dim, sl.start + 1, sl.len) end
+                assert(lunar.ops.global_norm({lunar.ops.sub(t, mine)}) == 0, name .. ' differs in the checkpoint')
+                n = n + 1
+            end
+        end
+    end
+    for name in ep4.params:names() do
+        assert(lunar.ops.global_norm({lunar.ops.sub(ep4.params:get(name), one.params:get(name))}) == 0,
+            name .. ': the ep=4 load differs from the one-rank load')
+    end
+    assert(n > 100, 'compared ' .. n)
+    T.raises(function() recipes.run('sft', dpc.recipe(dir .. '/cut', {train = {steps = 8}, checkpoint = {every = 3},
+        parallel = {tp = 2, ep = 4}})) end, 'was written with parallel.ep=2, this run has parallel.ep=4')
     d.barrier()
     if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
 end)
