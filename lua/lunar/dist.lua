@@ -3,7 +3,7 @@
 --   local dist = require('lunar').dist
 --   dist.rank(), dist.world_size(), dist.local_rank()       -- 0-based ranks
 --   dist.all_reduce(g, {op = 'avg', group = lay:group('dp')}) -- in place, returns g
---   local lay = dist.layout{tp = 2, pp = 1, cp = 1, ep = 1}  -- dp derived from the world size
+--   local lay = dist.layout{tp = 2, pp = 1, cp = 1, ep = 1, etp = 1}  -- dp derived from the world size
 --   lay:group('tp'):size(), lay:coords().dp
 --
 -- Every function initialises lazily: under mpirun (or srun) that starts MPI, alone it makes a

@@ -122,6 +122,22 @@ function M.targets(model, targets, o)
     return chosen, info
 end
 
+-- tensor parallel: the model's split weights (name -> slice, lunar.model's tp_slices) and the whole
+-- weights whose gradient is tp-partial (name -> true); both empty without tp
+local function tp_of(m)
+    if not (m and m.tp_slices and m.opts and m.opts.tp and m.opts.tp:size() > 1) then return {}, {} end
+    local partial = {}
+    for _, n in ipairs(m:tp_partial_params()) do partial[n] = true end
+    return m:tp_slices('tp'), partial
+end
+
+-- an adapter on a tensor-parallel module: its block and gradient share (lunar.nn.lora's header)
+local function mark_tp(ad, slices, partial)
+    local w = ad.name .. '.weight'
+    ad.tp, ad.tp_partial = slices[w], partial[w] or nil
+    return ad
+end
+
 local function freeze(store, set)
     set.base_trainable = set.base_trainable or {}
     for name in store:names() do
@@ -140,8 +156,9 @@ end
 -- exclude =, include_mtp = false, dtype = 'f32'}) -> the attached adapter set
 function M.apply(model, o)
     o = o or {}
-    local store = store_of(model)
+    local store, m = store_of(model)
     if store.lora then fail('peft.apply: the model already has adapters (peft.detach or peft.merge first)') end
+    local slices, partial = tp_of(m)
     local r = o.r or 8
     local names, info = M.targets(model, o.targets, o)
     local set = lora.new_set{seed = o.seed or 0, dtype = o.dtype or 'f32'}
@@ -150,8 +167,10 @@ function M.apply(model, o)
     local init_rng = core.rng_new(set.seed):split('lora_init')
     for _, name in ipairs(names) do
         local w = store:get(name .. '.weight')
-        set:add(name, info[name].out, info[name]['in'], {r = r, alpha = set.config.alpha, dropout = set.config.dropout,
-            rslora = set.config.rslora, init_rng = init_rng, device = w:device()})
+        local sl = slices[name .. '.weight']
+        mark_tp(set:add(name, info[name].out, info[name]['in'], {r = r, alpha = set.config.alpha,
+            dropout = set.config.dropout, rslora = set.config.rslora, init_rng = init_rng, device = w:device(),
+            a_cols = sl and sl.dim == 2 and sl or nil}), slices, partial)
     end
     freeze(store, set)
     lora.attach(store, set)
@@ -350,11 +369,13 @@ local function shape_str(t) return '(' .. table.concat(t:size(), ', ') .. ')' en
 -- peft.load(model, dir[, {dtype = 'f32', seed = 0}]) -> the attached adapter set. The tensors
 -- decide which modules get adapters (target_modules / target_parameters are PEFT's business); a
 -- pair with A = B = 0 (save's padding of the fused experts) is skipped, and so is a module the
--- model does not have for which opts.skip(module) is true (an expert another rank holds).
+-- model does not have for which opts.skip(module) is true (an expert another rank holds). A
+-- tensor-parallel model keeps its block of each split module's adapter.
 function M.load(model, dir, o)
     o = o or {}
-    local store = store_of(model)
+    local store, m = store_of(model)
     if store.lora then fail('peft.load: the model already has adapters (peft.detach or peft.merge first)') end
+    local slices, partial = tp_of(m)
     local cpath = dir .. '/adapter_config.json'
     local cfg = io.read_json(cpath)
     if cfg.peft_type ~= 'LORA' then fail(('%s: peft_type %s is not LORA'):format(cpath, tostring(cfg.peft_type))) end
@@ -400,14 +421,19 @@ function M.load(model, dir, o)
         if why then fail(('%s: %s is %s and cannot have a LoRA adapter'):format(wpath, mod, why)) end
         local W = store:get(mod .. '.weight')
         local out_f, in_f = W:size(1), W:size(2)
-        if A:dim() ~= 2 or A:size(1) ~= r or A:size(2) ~= in_f or B:dim() ~= 2 or B:size(1) ~= out_f or B:size(2) ~= r then
-            fail(('%s: %s has lora_A %s and lora_B %s, expected (%d, %d) and (%d, %d) for r = %d and weight %s'):format(
-                wpath, mod, shape_str(A), shape_str(B), r, in_f, out_f, r, r, shape_str(W)))
+        -- tensor parallel: the file holds the whole adapter; this rank keeps its block
+        local sl = slices[mod .. '.weight']
+        local full_out, full_in = out_f, in_f
+        if sl and sl.dim == 1 then full_out = sl.full elseif sl then full_in = sl.full end
+        if A:dim() ~= 2 or A:size(1) ~= r or A:size(2) ~= full_in or B:dim() ~= 2 or B:size(1) ~= full_out or B:size(2) ~= r then
+            fail(('%s: %s has lora_A %s and lora_B %s, expected (%d, %d) and (%d, %d) for r = %d and weight (%d, %d)')
+                :format(wpath, mod, shape_str(A), shape_str(B), r, full_in, full_out, r, r, full_out, full_in))
         end
         -- A = B = 0: a no-op that training never moves (save pads the fused experts with them)
         if not (is_zero(A) and is_zero(B)) then
-            set:add(mod, out_f, in_f, {r = r, alpha = alpha, dropout = dropout, rslora = set.config.rslora, A = A, B = B,
-                device = W:device()})
+            if sl and sl.dim == 1 then B = B:narrow(1, sl.start + 1, sl.len) elseif sl then A = A:narrow(2, sl.start + 1, sl.len) end
+            mark_tp(set:add(mod, out_f, in_f, {r = r, alpha = alpha, dropout = dropout, rslora = set.config.rslora,
+                A = A, B = B, device = W:device()}), slices, partial)
         end
     end
     f:close()

@@ -3,7 +3,8 @@
 -- tp=2 x dp=2 equals one rank's on the whole global batch (the loss and every gradient within 1e-5 relative L2, each
 -- rank's block against its block of the whole gradient); so do tp x ep layouts (each tp rank sends
 -- its share of the tokens to the experts), and 20 SFT steps in them; tp=2 x ep=2 checkpoints resume
--- bit for bit and load at one rank and at ep=4, and its written model is the one-rank file.
+-- bit for bit and load at one rank and at ep=4, and its written model is the one-rank file; the
+-- LoRA recipe at tp=2 x ep=2 gives one rank's losses and adapters and resumes bit for bit.
 local lunar = require 'lunar'
 local common = dofile('tests/mpi/common.lua')
 local dpc = dofile('tests/mpi/dp_common.lua')
@@ -141,6 +142,46 @@ T:test('tp=2 x ep=2 checkpoints: the written model is the one-rank file byte for
     assert(n > 100, 'compared ' .. n)
     T.raises(function() recipes.run('sft', dpc.recipe(dir .. '/cut', {train = {steps = 8}, checkpoint = {every = 3},
         parallel = {tp = 2, ep = 4}})) end, 'was written with parallel.ep=2, this run has parallel.ep=4')
+    d.barrier()
+    if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
+end)
+
+T:test('the LoRA recipe at tp=2 x ep=2: the losses of one rank, the adapters one rank writes, a resume bit for bit',
+    function()
+    local dir = dpc.tmpdir()
+    local over = {train = {steps = 8}, checkpoint = {every = 3}, parallel = {tp = 2, ep = 2}}
+    local one = dpc.single(dir .. '/one.' .. d.rank(), {kind = 'lora', train = {steps = 8}, checkpoint = {every = 0},
+        data = {micro_batch = 4}})
+    local whole = recipes.run('lora', dpc.recipe(dir .. '/whole', over))
+    dpc.same_losses(T, 'LoRA at tp=2 x ep=2', whole.losses, one.losses, 8)
+    -- the adapters written from the split run: whole, every expert's, one rank's weights up to the
+    -- rounding of 8 steps (compared tensor by tensor)
+    if d.rank() == 0 then
+        local f = lunar.io.load_checkpoint(dir .. '/whole/final/adapter_model.safetensors')
+        local g = lunar.io.load_checkpoint(dir .. '/one.0/final/adapter_model.safetensors')
+        local n, worst = 0, 0
+        for name, t in pairs(g) do
+            assert(f[name], name .. ' is missing from the adapters written at tp=2 x ep=2')
+            T.equal(f[name]:size(), t:size(), name .. ' shape')
+            local rel = dpc.rel_l2(f[name], t)
+            assert(rel <= 1e-3, ('%s: relative L2 %.3g from one rank\'s'):format(name, rel))
+            n, worst = n + 1, math.max(worst, rel)
+        end
+        for name in pairs(f) do assert(g[name], name .. ' written at tp=2 x ep=2 but not by one rank') end
+        assert(n > 50, 'compared ' .. n .. ' adapter tensors')
+        print(('  LoRA at tp=2 x ep=2: %d adapter tensors written whole, within %.2g of one rank\'s'):format(n, worst))
+    end
+    -- stopped after step 5 (checkpoint at 3), resumed: the same losses bit for bit
+    local cut = dpc.recipe(dir .. '/cut', over)
+    cut.stop_after = 5
+    recipes.run('lora', cut)
+    cut.stop_after = false
+    local second = recipes.run('lora', cut)
+    T.equal(second.start_step, 3, 'resumed from the checkpoint of step 3')
+    for i = 4, 8 do
+        assert(whole.losses[i] == second.losses[i - 3], ('LoRA step %d: loss %.17g uninterrupted, %.17g resumed'):format(
+            i, whole.losses[i], second.losses[i - 3]))
+    end
     d.barrier()
     if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
 end)

@@ -18,6 +18,7 @@ local tensor = require 'lunar.tensor'
 local ops = require 'lunar.ops'
 local nn = require 'lunar.nn'
 local params = require 'lunar.model.params'
+local lora = require 'lunar.nn.lora'
 
 local M = {}
 local Model = {}
@@ -637,6 +638,20 @@ function Model:zero_grad() self.params:zero_grad() end
 -- reduce_tp_grads() all-reduces them over tp: once a step, after the last backward.
 function Model:tp_partial_grads()
     local names = {}
+    for _, n in ipairs(self:tp_partial_params()) do
+        if self.params:is_trainable(n) then names[#names + 1] = n end
+    end
+    -- LoRA: the adapters' tensors whose gradient is this rank's share (lunar.nn.lora.tp_partial)
+    local set = self.params.lora
+    if set then
+        for _, n in ipairs(lora.tp_partial(set)) do names[#names + 1] = n end
+    end
+    return names
+end
+
+-- the parameters whose gradient is tp-partial (above), trainable or not
+function Model:tp_partial_params()
+    local names = {}
     local layers = {}
     for _, L in ipairs(self.layers) do layers[#layers + 1] = L end
     for _, m in ipairs(self.mtp) do layers[#layers + 1] = m.layer end
@@ -646,7 +661,7 @@ function Model:tp_partial_grads()
         -- tp x ep: each tp member routes its share of the tokens
         for _, n in ipairs(L.mlp.tp_partial and L.mlp:tp_partial() or {}) do list[#list + 1] = n end
         for _, n in ipairs(list) do
-            if self.params:has(n) and self.params:is_trainable(n) then names[#names + 1] = n end
+            if self.params:has(n) then names[#names + 1] = n end
         end
     end
     return names
@@ -667,8 +682,9 @@ function Model:reduce_tp_grads()
     local tp = self.opts.tp
     if not tp or tp:size() <= 1 then return end
     local dist = require 'lunar.dist'
+    local set = self.params.lora
     for _, n in ipairs(self:tp_partial_grads()) do
-        local g = self.params.grads[n]
+        local g = self.params.grads[n] or (set and set.params.grads[n])
         if g then dist.all_reduce(g, {group = tp}) end
     end
 end

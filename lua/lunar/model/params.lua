@@ -163,7 +163,7 @@ function M.spec(cfg, opts)
                     s.full_shape = {s.shape[1], s.shape[2]}
                     s.shape = {s.shape[1], s.shape[2]}
                     s.shape[dim] = len
-                    s.slice = {dim = dim, start = g.rank * len, len = len, group = cut.axis}
+                    s.slice = {dim = dim, start = g.rank * len, len = len, full = full, group = cut.axis}
                 end
             end
         end

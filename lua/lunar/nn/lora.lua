@@ -22,6 +22,15 @@
 -- where x is the module's input, given again to backward (the MoE recomputes it rather than
 -- keeping it), and which = 'params' | 'input' restricts backward to one half (default both).
 -- lunar.peft builds sets from target patterns and reads and writes PEFT's file format.
+--
+-- Tensor parallel (ad.tp = {dim =, start =, len =, full =}: the block of the module's weight this
+-- rank holds; ad.tp_partial: the module's weight is whole but its gradient is this rank's share):
+-- on a column-parallel module (weight rows split, dim 1) B holds the same rows and A is whole, so
+-- x A^T is the same on every rank and B's rows give this rank's outputs; on a row-parallel one
+-- (columns split, dim 2) A holds the same columns and B is whole, and the partial x_r A_r^T B^T
+-- add up over tp with the module's partial outputs (one all-reduce, the module's). A of a column-
+-- parallel module, B of a row-parallel one and both of a tp-partial module get only this rank's
+-- share of their gradient (M.tp_partial); their sum over tp is the gradient.
 local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local ops = require 'lunar.ops'
@@ -52,8 +61,10 @@ function M.new_set(opts)
 end
 
 -- set:add(name, out_features, in_features, {r =, alpha =, dropout = 0, rslora = false, A =, B =,
--- init_rng =, device =}) -> adapter. A, B: tensors to copy (a loaded adapter); otherwise A is
--- kaiming-uniform like PEFT (bound 1/sqrt(in), from init_rng split by the module name) and B zero.
+-- init_rng =, device =, a_cols =}) -> adapter. A, B: tensors to copy (a loaded adapter); otherwise A
+-- is kaiming-uniform like PEFT (bound 1/sqrt(in), from init_rng split by the module name) and B
+-- zero. a_cols = {start =, len =, full =}: A is columns [start, start + len) of the A a module with
+-- `full` inputs would draw (a row-parallel module's block; in_features = len).
 function Set:add(name, out_f, in_f, o)
     if self.modules[name] then fail(('lora: module %s already has an adapter'):format(name)) end
     local r, alpha, p = o.r, o.alpha, o.dropout or 0
@@ -71,9 +82,17 @@ function Set:add(name, out_f, in_f, o)
         A:copy_(o.A)
         B:copy_(o.B)
     else
-        local bound = 1 / math.sqrt(in_f)     -- kaiming_uniform_(a = sqrt(5)): gain sqrt(1/3) * sqrt(3 / in)
+        local full = o.a_cols and o.a_cols.full or in_f
+        local bound = 1 / math.sqrt(full)     -- kaiming_uniform_(a = sqrt(5)): gain sqrt(1/3) * sqrt(3 / in)
         local rng = o.init_rng or core.rng_new(self.seed):split('lora_init')
-        rng:split(name):uniform_(A, -bound, bound)
+        if o.a_cols then
+            local whole = core.empty({r, full}, self.dtype, dev)
+            rng:split(name):uniform_(whole, -bound, bound)
+            A:copy_(whole:narrow(2, o.a_cols.start + 1, o.a_cols.len))
+            whole:free()
+        else
+            rng:split(name):uniform_(A, -bound, bound)
+        end
         B:fill_(0)
     end
     local ad = {
@@ -98,6 +117,29 @@ function Set:rng_state() return {seed = self.seed, draws = self.draws} end
 function Set:set_rng_state(s)
     self.seed, self.draws = s.seed, s.draws
     self.rng = core.rng_new(s.seed):split('lora_dropout')
+end
+
+-- tensor parallel: the adapter tensors whose gradient is this rank's share (see the header), in
+-- the set's order
+function M.tp_partial(set)
+    local out = {}
+    for _, name in ipairs(set.order) do
+        local ad = set.modules[name]
+        if ad.tp_partial or (ad.tp and ad.tp.dim == 1) then out[#out + 1] = ad.a_name end
+        if ad.tp_partial or (ad.tp and ad.tp.dim == 2) then out[#out + 1] = ad.b_name end
+    end
+    return out
+end
+
+-- tensor parallel: {name = {dim =, start =, len =, full =}} of the adapter tensors split over tp
+-- (B's rows of a column-parallel module, A's columns of a row-parallel one)
+function M.tp_slices(set)
+    local out = {}
+    for _, name in ipairs(set.order) do
+        local ad = set.modules[name]
+        if ad.tp then out[ad.tp.dim == 1 and ad.b_name or ad.a_name] = ad.tp end
+    end
+    return out
 end
 
 -- W + scale * B A for one adapter, in f32 (out, in)

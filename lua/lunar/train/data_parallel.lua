@@ -24,6 +24,7 @@
 local lunar = require 'lunar'
 local core = require 'lunar.core'
 local dist = require 'lunar.dist'
+local lora = require 'lunar.nn.lora'
 local AdamW = require 'lunar.optim.adamw'
 local grad_buffer = require 'lunar.optim.grad_buffer'
 local distributed = require 'lunar.optim.distributed'
@@ -78,6 +79,9 @@ function DP:optimizer(store, model, adamw_opts)
         local partial, split = {}, {}
         for _, n in ipairs(model:tp_partial_grads()) do partial[n] = true end
         for n in pairs(model:tp_slices()) do split[n] = true end
+        if model.params.lora then   -- LoRA: the adapters' blocks
+            for n in pairs(lora.tp_slices(model.params.lora)) do split[n] = true end
+        end
         tp_buf, tp_opt = {group = self.tp, partial = partial}, {group = self.tp, split = split}
     end
     -- expert tensor parallel: the experts' blocks' squares add up over etp in the clipping norm
@@ -221,11 +225,11 @@ function DP:check_adapters(set, El)
     end
 end
 
--- the LoRA adapter set with the adapters of every rank's experts (collective, as above): the
--- modules in the order lunar.peft.apply makes them (sorted by name)
+-- the LoRA adapter set with the adapters of every rank's experts and the tensor-parallel adapters
+-- whole (collective, as above): the modules in the order lunar.peft.apply makes them (sorted by
+-- name)
 function DP:_gathered_adapters(set, El)
-    local lora = require 'lunar.nn.lora'
-    local ep = self.ep:size()
+    local ep = self.ep and self.ep:size() or 1
     local whole = lora.new_set{seed = set.seed, dtype = set.dtype}
     whole.config, whole.draws, whole.training = set.config, set.draws, set.training
     local found = {}   -- module name -> {ad = an adapter to copy settings from, A =, B =}
@@ -234,11 +238,15 @@ function DP:_gathered_adapters(set, El)
     local experts = {}
     for _, name in ipairs(set.order) do
         local prefix, e, rest = name:match('^(.*%.mlp%.experts%.)(%d+)(%..*)$')
-        if prefix then
+        if prefix and self.ep then
             experts[#experts + 1] = {name = name, prefix = prefix, le = tonumber(e) % El, rest = rest}
         else
             local ad = set.modules[name]
-            found[name] = {ad = ad, A = set.params:get(ad.a_name), B = set.params:get(ad.b_name)}
+            local A, B = set.params:get(ad.a_name), set.params:get(ad.b_name)
+            -- tensor parallel: B's rows of a column-parallel module, A's columns of a row-parallel one
+            if ad.tp and ad.tp.dim == 1 then B = dist.all_gather(B:contiguous(), {group = self.tp})
+            elseif ad.tp then A = dist.all_gather(A:t():contiguous(), {group = self.tp}):t():contiguous() end
+            found[name] = {ad = ad, A = A, B = B}
         end
     end
     table.sort(experts, function(a, b)
@@ -262,7 +270,7 @@ function DP:_gathered_adapters(set, El)
     table.sort(names)
     for _, name in ipairs(names) do
         local f = found[name]
-        whole:add(name, f.ad.out_features, f.ad.in_features, {r = f.ad.r, alpha = f.ad.alpha, dropout = f.ad.dropout,
+        whole:add(name, f.B:size(1), f.A:size(2), {r = f.ad.r, alpha = f.ad.alpha, dropout = f.ad.dropout,
             rslora = f.ad.rslora, A = f.A, B = f.B, device = f.A:device()})
     end
     return whole
