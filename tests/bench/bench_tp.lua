@@ -51,8 +51,7 @@ local docs = trainer.load_documents({data = {kind = 'chat', template = 'glm5', s
 local loader = data.loader{source = docs, seq_len = 512, micro_batch = 2, seed = 1, dp_rank = dp.rank, dp_size = dp.size,
                            quiet = true}
 local model = lunar.model.new(cfg, {seed = 1, tp = tp, ep = dp.ep})
-local partial = 0
-for _, n in ipairs(model:tp_partial_grads()) do partial = partial + model.params:get(n):numel() end
+local partial = 0   -- elements of the tp-partial gradients a step produces (the MTP layer's get none)
 
 local H, L = cfg.hidden_size, cfg.num_hidden_layers
 local totals = {act = 0, grads = 0, routes = 0, formula = 0, time = 0}
@@ -65,6 +64,11 @@ for s = 0, steps do
         model:forward(b, {loss = true, num_items_in_batch = math.max(b.num_targets, 1)})
         model:backward()
         sent.phase = 'grads'
+        if s == 0 then
+            for _, n in ipairs(model:tp_partial_grads()) do
+                if model.params.grads[n] then partial = partial + model.params.grads[n]:numel() end
+            end
+        end
         model:reduce_tp_grads()
     end)
     local t = lunar.clock() - t0
