@@ -8,11 +8,12 @@
 -- Formula, per step, for N tokens a tp group: every decoder layer all-reduces one (N, H) f32
 -- tensor after its attention (o_proj's partial sums) and one after its MLP (down_proj's; an MoE
 -- layer's shared experts, with the routed rows of each tp rank's share added in under tp x ep),
--- and the backward one (N, H) input gradient for each of the two blocks:
---   L * 4 * N * H * 4 bytes * 2 * (tp - 1) / tp      (a ring all-reduce of S bytes sends 2 (tp-1)/tp S)
+-- and the backward one (N, H) input gradient for each of the two blocks; with the vocabulary split,
+-- the embedding's rows and the LM head's input gradient one (N, H) each:
+--   (L * 4 + 2) * N * H * 4 bytes * 2 * (tp - 1) / tp   (a ring all-reduce of S bytes sends 2 (tp-1)/tp S)
 -- plus, once a step, the tp-partial gradients (MLA's q_a / kv_a projections and norms; the MoE
--- routers under tp x ep), and under tp x ep one all_gather of each MoE layer's routes (N x K x 2
--- f64, counted apart). The MTP layer is off the LM loss path.
+-- routers under tp x ep), and the all_gathers counted apart: the cross-entropy's (N, 2) f32 and,
+-- under tp x ep, each MoE layer's routes (N x K x 2 f64). The MTP layer is off the LM loss path.
 local lunar = require 'lunar'
 local data = require 'lunar.data'
 local trainer = require 'lunar.train.trainer'
@@ -30,7 +31,7 @@ local dp = data_parallel.setup({parallel = {tp = TP, ep = EP, bucket_mb = 1}})
 local tp = dp.tp
 
 -- count what the tp group's all-reduces send (ring) and its all_gathers (the routes)
-local sent = {act = 0, grads = 0, routes = 0, phase = 'act'}
+local sent = {act = 0, grads = 0, gathers = 0, phase = 'act'}
 local all_reduce, all_gather = d.all_reduce, d.all_gather
 d.all_reduce = function(t, opts)
     if opts and opts.group == tp then
@@ -39,7 +40,7 @@ d.all_reduce = function(t, opts)
     return all_reduce(t, opts)
 end
 d.all_gather = function(t, opts)
-    if opts and opts.group == tp then sent.routes = sent.routes + (TP - 1) * t:numel() * (BYTES[t:dtype()] or 4) end
+    if opts and opts.group == tp then sent.gathers = sent.gathers + (TP - 1) * t:numel() * (BYTES[t:dtype()] or 4) end
     return all_gather(t, opts)
 end
 
@@ -54,10 +55,10 @@ local model = lunar.model.new(cfg, {seed = 1, tp = tp, ep = dp.ep})
 local partial = 0   -- elements of the tp-partial gradients a step produces (the MTP layer's get none)
 
 local H, L = cfg.hidden_size, cfg.num_hidden_layers
-local totals = {act = 0, grads = 0, routes = 0, formula = 0, time = 0}
+local totals = {act = 0, grads = 0, gathers = 0, formula = 0, time = 0}
 for s = 0, steps do
     local b = loader:next()
-    sent.act, sent.grads, sent.routes, sent.phase = 0, 0, 0, 'act'
+    sent.act, sent.grads, sent.gathers, sent.phase = 0, 0, 0, 'act'
     d.barrier()
     local t0 = lunar.clock()
     lunar.scope(function()
@@ -74,23 +75,24 @@ for s = 0, steps do
     local t = lunar.clock() - t0
     model:zero_grad()
     local N = b.input_ids:numel()
-    local formula = L * 4 * N * H * 4 * 2 * (TP - 1) / TP
+    local formula = (L * 4 + (model.vocab and 2 or 0)) * N * H * 4 * 2 * (TP - 1) / TP
     if s > 0 then   -- the first step is a warm-up
-        for _, k in ipairs({'act', 'grads', 'routes'}) do totals[k] = totals[k] + sent[k] end
+        for _, k in ipairs({'act', 'grads', 'gathers'}) do totals[k] = totals[k] + sent[k] end
         totals.formula, totals.time = totals.formula + formula, totals.time + t
     end
 end
 
 local function mib(x) return ('%.2f MiB'):format(x / 2 ^ 20) end
-local mine = {totals.act / steps, totals.formula / steps, totals.grads / steps, totals.routes / steps, totals.time / steps}
+local mine = {totals.act / steps, totals.formula / steps, totals.grads / steps, totals.gathers / steps, totals.time / steps}
 local all = d.all_gather(lunar.tensor(mine, 'f64'), {group = world}):tolist_flat()
 if rank == 0 then
-    print(('tensor parallel: %d ranks, tp=%d, ep=%d, dp=%d; tiny preset (H %d, %d layers), 2 rows of 512 tokens a dp '
-        .. 'rank, mean of %d steps after a warm-up'):format(np, TP, EP, dp.size, H, L, steps))
+    print(('tensor parallel: %d ranks, tp=%d, ep=%d, dp=%d; tiny preset (H %d, %d layers, vocabulary %s), 2 rows of '
+        .. '512 tokens a dp rank, mean of %d steps after a warm-up'):format(np, TP, EP, dp.size, H, L,
+        model.vocab and 'split' or 'whole', steps))
     for r = 0, np - 1 do
         local v = {unpack(all, r * 5 + 1, r * 5 + 5)}
         print(('  rank %d: activation all-reduces %s a step, formula %s (ratio %.3f); tp-partial gradients %s '
-            .. '(formula %s); routes all_gather %s; forward+backward %.0f ms'):format(r, mib(v[1]), mib(v[2]),
+            .. '(formula %s); all_gathers (cross-entropy, routes) %s; forward+backward %.0f ms'):format(r, mib(v[1]), mib(v[2]),
             v[1] / v[2], mib(v[3]), mib(2 * (TP - 1) / TP * partial * 4), mib(v[4]), 1000 * v[5]))
     end
 end

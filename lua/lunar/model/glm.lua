@@ -19,6 +19,9 @@ local ops = require 'lunar.ops'
 local nn = require 'lunar.nn'
 local params = require 'lunar.model.params'
 local lora = require 'lunar.nn.lora'
+local vp = require 'lunar.nn.vocab_parallel'
+
+local dist = require 'lunar.dist'
 
 local M = {}
 local Model = {}
@@ -69,7 +72,14 @@ local function build(cfg, store, opts)
     -- residual are not rounded away
     m.dtype = store:get('model.embed_tokens.weight'):dtype()
     m.fp32_residual = (opts.fp32_residual and m.dtype ~= 'f32') and true or false
-    m.embed = nn.Embedding.new(store, 'model.embed_tokens', cfg.pad_token_id)
+    -- tensor parallel splits the vocabulary when it divides it (lunar.nn.vocab_parallel): the
+    -- embedding's and the LM head's rows, the logits' columns, a cross-entropy without whole logits
+    local tp = opts.tp
+    if tp and tp:size() > 1 and params.vocab_split(cfg, tp:size()) then
+        local count = cfg.vocab_size / tp:size()
+        m.vocab = {tp = tp, first = tp:rank() * count, count = count}
+    end
+    m.embed = nn.Embedding.new(store, 'model.embed_tokens', cfg.pad_token_id, {vocab = m.vocab})
     m.layers = {}
     for i = 0, cfg.num_hidden_layers - 1 do m.layers[i + 1] = build_layer(store, cfg, i, opts) end
     m.norm = nn.RMSNorm.new(store, 'model.norm', cfg.rms_norm_eps)
@@ -118,13 +128,13 @@ function M.new(cfg, opts)
         if s.init == 'normal' then rng:split(s.name):normal_(t, 0, std)
         elseif s.init == 'ones' then t:fill_(1)
         else t:fill_(0) end
+        if s.name == 'model.embed_tokens.weight' and type(cfg.pad_token_id) == 'number' then
+            t:select(1, cfg.pad_token_id + 1):fill_(0)   -- before the cut: the id is a whole-vocabulary row
+        end
         if s.slice then t = t:narrow(s.slice.dim, s.slice.start + 1, s.slice.len):contiguous() end
         local trainable = s.trainable
         if s.name:find('.indexer.', 1, true) then trainable = indexer_trainable end
         store:add(s.name, t, trainable)
-    end
-    if type(cfg.pad_token_id) == 'number' then
-        store:get('model.embed_tokens.weight'):select(1, cfg.pad_token_id + 1):fill_(0)
     end
     return build(cfg, store, opts)
 end
@@ -477,15 +487,19 @@ function Model:forward(batch, opts)
             for i, p in ipairs(at:to('cpu'):tolist_flat()) do pick[i] = all[p + 1] end
             tg = core.from_flat(pick, {#pick}, 'i64', tg:device())
         end
-        local loss, lp, lse = ops.cross_entropy(logits, tg)
+        local loss, lp, lse, vctx = self:_cross_entropy(logits, tg)
         -- the loss value is read back once per forward (a deliberate sync), the count of valid
         -- targets only when the caller does not give num_items_in_batch
         local denom = opts.num_items_in_batch or math.max(ops.sum(ops.ne(tg, -100):float()):item(), 1)
         out.loss = ops.sum(loss):item() / denom
         out.logprobs = lp:view(shape)
-        saved.ce = {logits = logits, lse = lse, targets = tg, denom = denom, temperature = temperature}
+        saved.ce = {logits = logits, lse = lse, targets = tg, denom = denom, temperature = temperature, vp = vctx}
     end
     if opts.entropy then
+        if self.vocab then
+            fail('forward: opts.entropy with the vocabulary split over tensor parallel is not implemented in this '
+                .. 'version of lunar')
+        end
         local lse = saved.ce and saved.ce.lse
         if not lse then
             -- no labels asked for: the log-sum-exp of each row through any valid target
@@ -530,18 +544,39 @@ function Model:_mtp_forward(batch, b, hidden, saved)
     local zn, s_head_norm = d.head_norm:forward(to_compute(self, zl))
     local logits, s_head = self.lm_head:forward(zn)
     local tg = self:targets(batch, b, 2)
-    local loss, _, lse = ops.cross_entropy(logits, tg)
+    local loss, _, lse, vctx = self:_cross_entropy(logits, tg)
     local valid = ops.sum(ops.ne(tg, -100):float()):item()
     local denom = math.max(valid, 1)
     saved.mtp = {s_e = s_e, s_en = s_en, s_hn = s_hn, s_eh = s_eh, s_layer = s_layer, s_head_norm = s_head_norm,
-                 s_head = s_head, ce = {logits = logits, lse = lse, targets = tg, denom = denom}, H = H}
+                 s_head = s_head, ce = {logits = logits, lse = lse, targets = tg, denom = denom, vp = vctx}, H = H}
     return ops.sum(loss):item() / denom
+end
+
+-- the cross-entropy of the head's logits: lunar.ops.cross_entropy, or with the vocabulary split
+-- over tp its vocab-parallel form (the logits are this rank's columns); returns loss, logprobs,
+-- lse and the vocab-parallel context (nil when whole)
+function Model:_cross_entropy(logits, targets)
+    if self.vocab then return vp.cross_entropy(logits, targets, self.vocab) end
+    return ops.cross_entropy(logits, targets)
+end
+
+local function ce_grad(dloss, ce)
+    if ce.vp then return vp.cross_entropy_backward(dloss, ce.logits, ce.lse, ce.vp) end
+    return ops.cross_entropy_backward(dloss, ce.logits, ce.lse, ce.targets)
 end
 
 local function ce_backward(ce, scale)
     local n = ce.targets:numel()
     local dloss = core.empty({n}, 'f32', ce.logits:device()):fill_(scale / ce.denom)
-    return ops.cross_entropy_backward(dloss, ce.logits, ce.lse, ce.targets)
+    return ce_grad(dloss, ce)
+end
+
+-- the LM head's backward; with the vocabulary split each rank's input gradient is its columns'
+-- share, summed over tp
+local function head_backward(self, dlogits, saved_head)
+    local dx = self.lm_head:backward(dlogits, saved_head)
+    if self.vocab then dist.all_reduce(dx, {group = self.vocab.tp}) end
+    return dx
 end
 
 -- (B, T) or (B*T) gradient of a per-position output as an f32 (N) vector
@@ -563,7 +598,7 @@ local function rl_dlogits(self, saved, opts)
     if opts.dlogprobs ~= nil then
         if not ce.targets then fail('backward: dlogprobs needs forward(batch, {logprobs = true}) first') end
         local dlp = per_position('dlogprobs', opts.dlogprobs, N)
-        dz = ops.cross_entropy_backward(ops.neg(dlp), ce.logits, ce.lse, ce.targets)
+        dz = ce_grad(ops.neg(dlp), ce)
     else
         dz = core.empty(ce.logits:size(), ce.logits:dtype(), ce.logits:device()):fill_(0)
     end
@@ -598,7 +633,7 @@ function Model:backward(opts)
         dlogits = ce_backward(saved.ce, opts.loss_scale or 1)
     end
     if saved.ce.temperature ~= 1 then ops.div_(dlogits, saved.ce.temperature) end
-    local dx = self.lm_head:backward(dlogits, saved.head)     -- gradient of the final norm's output
+    local dx = head_backward(self, dlogits, saved.head)       -- gradient of the final norm's output
     if saved.head_positions then
         -- rows the head did not read get no gradient
         local full = core.empty({saved.N, dx:size(2)}, dx:dtype(), dx:device()):fill_(0)
@@ -608,7 +643,7 @@ function Model:backward(opts)
         local s = saved.mtp
         local d = self.mtp[1]
         local dl = ce_backward(s.ce, opts.mtp_scale)
-        local dz = self.lm_head:backward(dl, s.s_head)
+        local dz = head_backward(self, dl, s.s_head)
         dz = to_residual(self, d.head_norm:backward(dz, s.s_head_norm))
         dz = layer_backward(self, d.layer, dz, s.s_layer)
         local dcat = d.eh_proj:backward(to_compute(self, dz), s.s_eh)
@@ -681,7 +716,6 @@ end
 function Model:reduce_tp_grads()
     local tp = self.opts.tp
     if not tp or tp:size() <= 1 then return end
-    local dist = require 'lunar.dist'
     local set = self.params.lora
     for _, n in ipairs(self:tp_partial_grads()) do
         local g = self.params.grads[n] or (set and set.params.grads[n])

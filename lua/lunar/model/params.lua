@@ -124,15 +124,23 @@ function M.expert_range(cfg, rank, size)
     return {first = rank * count, count = count}
 end
 
+-- tensor parallel of `tp` ranks splits the vocabulary (lunar.nn.vocab_parallel) when it divides
+-- vocab_size; otherwise the embedding and the LM head stay whole on every rank
+function M.vocab_split(cfg, tp)
+    return tp > 1 and cfg.vocab_size % tp == 0
+end
+
 function M.spec(cfg, opts)
     local list = {}
     local H, V = cfg.hidden_size, cfg.vocab_size
-    add(list, 'model.embed_tokens.weight', {V, H}, 'normal')
+    -- the vocabulary splits over tp (embedding and LM head by rows) when tp divides it
+    local vsplit = opts and opts.tp and M.vocab_split(cfg, opts.tp.size) and 1 or nil
+    add(list, 'model.embed_tokens.weight', {V, H}, 'normal', nil, nil, vsplit)
     for i = 0, cfg.num_hidden_layers - 1 do
         layer_specs(list, cfg, i, M.mlp_type(cfg, i), M.has_indexer(cfg, i), opts and opts.experts)
     end
     add(list, 'model.norm.weight', {H}, 'ones')
-    if not cfg.tie_word_embeddings then add(list, 'lm_head.weight', {V, H}, 'normal') end
+    if not cfg.tie_word_embeddings then add(list, 'lm_head.weight', {V, H}, 'normal', nil, nil, vsplit) end
     -- MTP layers follow the main layers (DeepSeek-V3 / GLM layout): a MoE decoder layer with a
     -- full indexer, plus the projections that feed it.
     local main = #list

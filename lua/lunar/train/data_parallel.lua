@@ -279,7 +279,7 @@ end
 local function mib(bytes) return ('%.2f MiB'):format(bytes / 2 ^ 20) end
 
 -- rank 0 prints the layout and every rank's parameter, gradient and optimizer bytes
-function DP:report(cfg, params_store, opt, log)
+function DP:report(cfg, params_store, opt, log, model)
     local pbytes = 0
     for name in params_store:names() do pbytes = pbytes + grad_buffer.nbytes(params_store:get(name)) end
     local obytes = opt.planned_state_bytes and opt:planned_state_bytes() or nil
@@ -314,8 +314,12 @@ function DP:report(cfg, params_store, opt, log)
             self.distributed and 'reduce-scattered' or 'all-reduced')
     end
     if self.tp then
+        local vocab = model and model.vocab
         log(cfg, '  tensor parallel: tp=%d (tp groups of ranks %s): attention heads and MLP widths split, their '
-            .. 'partial sums all-reduced over tp', self.tp:size(), table.concat(self.tp:ranks(), ','))
+            .. 'partial sums all-reduced over tp; %s', self.tp:size(), table.concat(self.tp:ranks(), ','),
+            vocab and ('the vocabulary split (%d rows of the embedding and LM head a rank, vocab-parallel '
+                .. 'cross-entropy)'):format(vocab.count) or 'the vocabulary whole on every rank (tp does not '
+                .. 'divide vocab_size)')
     end
     for r = 0, dist.world_size() - 1 do
         log(cfg, '  rank %d: parameters %s, gradients %s, optimizer state %s%s', r, mib(all[r * 3 + 1]),

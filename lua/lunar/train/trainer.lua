@@ -428,7 +428,7 @@ local function setup(cfg)
         schedule = {warmup = o.warmup or 0, total = cfg.train.steps, decay = o.schedule, min_lr = o.min_lr}}
     if dp then
         r.opt = dp:optimizer(params, r.model, adamw_opts)
-        dp:report(cfg, r.model.params, r.opt, log)
+        dp:report(cfg, r.model.params, r.opt, log, r.model)
     else
         r.opt = lunar.optim.AdamW.new(params, adamw_opts)
     end
