@@ -10,6 +10,7 @@ local data = require 'lunar.data'
 local trainer = require 'lunar.train.trainer'
 local grad_buffer = require 'lunar.optim.grad_buffer'
 local distributed = require 'lunar.optim.distributed'
+local moe_load = require 'lunar.train.moe_load'
 
 local d = lunar.dist
 local M = {}
@@ -158,6 +159,7 @@ function M.layout_step(T, spec, config, micro_batch, replay)
         ref_batch.routing = routes
     end
     local A = lunar.model.new(cfg, {seed = 11})
+    A:moe_load_reset()
     local outA = A:forward(ref_batch, {loss = true, num_items_in_batch = ref_batch.num_targets})
     A:backward()
 
@@ -180,12 +182,28 @@ function M.layout_step(T, spec, config, micro_batch, replay)
     local B = lunar.model.new(cfg, {seed = 11, ep = ep, tp = tp, etp = etp})
     local targets = d.all_reduce(lunar.tensor({b.num_targets}, 'f64'), {group = dp}):item()
     T.equal(targets, ref_batch.num_targets, 'global target count')
+    B:moe_load_reset()
     local outB = B:forward(b, {loss = true, num_items_in_batch = targets})
     B:backward()
     B:reduce_tp_grads()
     local loss = d.all_reduce(lunar.tensor({outB.loss}, 'f64'), {group = dp}):item()
     local loss_rel = math.abs(loss - outA.loss) / math.abs(outA.loss)
     assert(loss_rel <= 1e-5, ('loss %.9g, one rank %.9g (rel %.3g)'):format(loss, outA.loss, loss_rel))
+    -- the experts' load summed over the layout's groups is the one-rank load of the global batch:
+    -- the same total, and each expert's count within 2 (a near-tie the rounding flips moves a route)
+    local _, loadA = moe_load.step_metrics(A, nil)
+    local _, loadB = moe_load.step_metrics(B, {group = dp, tp = tp:size() > 1 and tp or nil})
+    T.equal(#loadB, #loadA, 'MoE layers counted')
+    for i, la in ipairs(loadA) do
+        local ta, tb = 0, 0
+        for e, c in ipairs(la.counts) do
+            ta, tb = ta + c, tb + loadB[i].counts[e]
+            assert(math.abs(c - loadB[i].counts[e]) <= 2, ('layer %d expert %d: %d routes, one rank %d'):format(la.layer,
+                e - 1, loadB[i].counts[e], c))
+        end
+        T.equal(tb, ta, ('layer %d: routes of the global batch'):format(la.layer))
+        T.equal(ta, ref_batch.input_ids:numel() * cfg.num_experts_per_tok, 'every token routed K times')
+    end
 
     -- the experts this rank holds: its ep range, each exactly once
     local E = cfg.n_routed_experts

@@ -666,6 +666,40 @@ end
 
 function Model:zero_grad() self.params:zero_grad() end
 
+-- ---- MoE load -----------------------------------------------------------------------------------
+
+-- moe_load_reset(): every MoE decoder layer (not the MTP layer) counts from now the (token,
+-- expert) routes of the rows this rank routes, per expert; moe_load() -> {{layer =, counts =
+-- {E numbers}}, ...} in layer order (nil before the first reset). Under tp x ep each tp rank
+-- routes its share of the tokens (moe_load_group says over which groups the counts add up).
+function Model:moe_load_reset()
+    for _, L in ipairs(self.layers) do
+        if L.mlp.rc then
+            local z = {}
+            for e = 1, L.mlp.rc.E do z[e] = 0 end
+            L.mlp.load = z
+        end
+    end
+end
+
+function Model:moe_load()
+    local out
+    for i, L in ipairs(self.layers) do
+        if L.mlp.load then
+            out = out or {}
+            out[#out + 1] = {layer = i - 1, counts = L.mlp.load}
+        end
+    end
+    return out
+end
+
+-- true when the tp ranks route different tokens (tp x ep), so the load adds up over tp as well
+-- as over dp; otherwise every tp rank counts the same routes
+function Model:moe_load_over_tp()
+    for _, L in ipairs(self.layers) do if L.mlp.tp_rows then return true end end
+    return false
+end
+
 -- Tensor parallel: the parameters whose gradient each tp rank holds only a part of though the
 -- parameter is whole on every rank (GQA's per-head q_norm / k_norm, applied to this rank's heads;
 -- MLA's low-rank q_a / kv_a projections and their norms, which feed this rank's heads; under tp x

@@ -483,6 +483,9 @@ local function routed_forward(self, x, opts)
     -- per-expert row blocks of the grouped gemms are sized on the host); backward reuses them
     local counts = ops.bincount(flat, E):tolist_flat()
     tokrep:free()
+    if self.load then   -- the expert load since the last reset (lunar.model's moe_load)
+        for e = 1, E do self.load[e] = self.load[e] + counts[e] end
+    end
 
     local out = core.empty({N, H}, dt, dev)
     local saved = {x = x, x32 = x32, idx = idx, sk = sk, inv = inv, rows = rows, tok = tok, wsorted = wsorted}

@@ -35,6 +35,7 @@ local metrics_mod = require 'lunar.train.metrics'
 local flops = require 'lunar.model.flops'
 local recipe_diff = require 'lunar.train.recipe_diff'
 local data_parallel = require 'lunar.train.data_parallel'
+local moe_load = require 'lunar.train.moe_load'
 local dist = require 'lunar.dist'
 
 local fs = core.fs
@@ -456,6 +457,7 @@ end
 -- forward + backward of grad_accum micro-batches and one optimizer step -> the metrics record
 local function train_step(r, step)
     local t0 = lunar.clock()
+    r.model:moe_load_reset()
     local batches, targets, tokens = {}, 0, 0
     for i = 1, r.cfg.train.grad_accum do
         local b = r.loader:next()
@@ -485,8 +487,9 @@ local function train_step(r, step)
     -- mean loss already, so the optimizer must not divide by the number of micro-batches again
     local info = r.opt:step{loss = loss_sum, micro_batches = 1}
     r.opt:zero_grad()
+    local extra = moe_load.step_metrics(r.model, r.dp)   -- the experts' load (collective under dp)
     return {loss = loss_sum, grad_norm = info.grad_norm, lr = info.lr, tokens = tokens, skipped = info.skipped,
-            time = lunar.clock() - t0}
+            time = lunar.clock() - t0, extra = extra}
 end
 
 -- the mean loss per target token of data.valid (train.eval_batches micro-batches, or all of it)
