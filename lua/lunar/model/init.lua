@@ -16,6 +16,7 @@ local nn = require 'lunar.nn'
 local config = require 'lunar.model.config'
 local params = require 'lunar.model.params'
 local glm = require 'lunar.model.glm'
+local sharded = require 'lunar.model.sharded'
 
 local M = {config = config, glm = glm, params = params}
 
@@ -47,6 +48,8 @@ local function same_shape(t, s)
 end
 
 -- lunar.model.load(dir, opts) -> model
+--   dir: an HF checkpoint directory, or a sharded one (config.json + manifest.json + the ranks'
+--   pieces, what a checkpoint of a split run holds; lunar.model.sharded), read into any layout
 --   opts: dtype (compute dtype of the parameters, default f32), device, indexer_loss_coeff,
 --   fp32_residual (bf16/f16: keep the residual stream between sub-blocks in f32; default off,
 --   which is transformers' numerics), quiet (no warning on stderr), strict:
@@ -65,20 +68,6 @@ end
 function M.load(dir, opts)
     opts = opts or {}
     local cfg = cfg_of(dir)
-    local ckpt_path = dir
-    local tensors, metadata = io.load_checkpoint(ckpt_path, {quiet = opts.quiet})
-    -- fused expert tensors (HF's in-memory layout) -> per-expert names
-    local fused = {}
-    local split = {}
-    for name, t in pairs(tensors) do
-        local parts = params.split_fused_experts(name, t)
-        if parts then
-            fused[name] = t:dtype()
-            for k, v in pairs(parts) do split[k] = v end
-        end
-    end
-    for name in pairs(fused) do tensors[name] = nil end
-    for k, v in pairs(split) do tensors[k] = v end
 
     -- expert parallel (opts.ep, a lunar.dist group): this rank keeps its range of the routed experts
     local experts = opts.ep and opts.ep:size() > 1 and params.expert_range(cfg, opts.ep:rank(), opts.ep:size()) or nil
@@ -89,6 +78,29 @@ function M.load(dir, opts)
     -- tensor parallel (opts.tp) and expert tensor parallel (opts.etp): this rank's block of each
     -- split tensor
     local spec = params.spec(cfg, {experts = experts, tp = glm.tp_of(cfg, opts), etp = glm.etp_of(cfg, opts)})
+
+    -- tensors: by name, whole (an HF directory) or already this rank's blocks (a sharded model,
+    -- lunar.model.sharded: each block assembled from the pieces it overlaps)
+    local tensors, metadata, names, cut
+    local fused, file_dtypes = {}, {}
+    if sharded.is_sharded(dir) then
+        tensors, file_dtypes, names = sharded.read(dir, spec)
+        metadata, cut = {}, true
+    else
+        tensors, metadata = io.load_checkpoint(dir, {quiet = opts.quiet})
+        -- fused expert tensors (HF's in-memory layout) -> per-expert names
+        local split = {}
+        for name, t in pairs(tensors) do
+            local parts = params.split_fused_experts(name, t)
+            if parts then
+                fused[name] = t:dtype()
+                for k, v in pairs(parts) do split[k] = v end
+            end
+        end
+        for name in pairs(fused) do tensors[name] = nil end
+        for k, v in pairs(split) do tensors[k] = v end
+        names = tensors
+    end
     local known, missing, missing_mtp, n_mtp = {}, {}, {}, 0
     for _, s in ipairs(spec) do
         known[s.name] = s
@@ -131,7 +143,7 @@ function M.load(dir, opts)
             #missing == 1 and ' is' or 's are', some(missing)))
     end
     local unexpected = {}
-    for name in pairs(tensors) do
+    for name in pairs(names) do
         if not known[name] and not elsewhere(name) then unexpected[#unexpected + 1] = name end
     end
     table.sort(unexpected)
@@ -145,12 +157,12 @@ function M.load(dir, opts)
     local indexer_trainable = (opts.indexer_loss_coeff or 0) > 0
     for _, s in ipairs(spec) do
         local t = tensors[s.name]
-        local whole = s.full_shape or s.shape
+        local whole = cut and s.shape or (s.full_shape or s.shape)
         if not same_shape(t, whole) then
             fail(('%s: tensor %s has shape %s, the config says %s'):format(dir, s.name, shape_str(t:size()), shape_str(whole)))
         end
-        source_dtypes[s.name] = t:dtype()
-        if s.slice then t = t:narrow(s.slice.dim, s.slice.start + 1, s.slice.len):contiguous() end
+        source_dtypes[s.name] = file_dtypes[s.name] or t:dtype()
+        if s.slice and not cut then t = t:narrow(s.slice.dim, s.slice.start + 1, s.slice.len):contiguous() end
         local want = s.dtype or opts.dtype or 'f32'
         local p = core.convert(t, want, opts.device)     -- always a new tensor: never a view of the file
         local trainable = s.trainable

@@ -204,8 +204,10 @@ end
 M.SHARD_DIR = 'optimizer_shards'
 function M.shard_name(rank) return ('%s/rank_%05d.safetensors'):format(M.SHARD_DIR, rank) end
 
--- every rank of `group` writes its shard into tmp (made by rank 0, whose pid names it)
-local function write_shards(root, name, group, shard)
+-- every rank of `group` writes its shard into tmp (made by rank 0, whose pid names it), and with
+-- model_shard (a table, given on every rank: the model's pieces this rank writes, maybe none) its
+-- model pieces into tmp/model (lunar.model.sharded)
+local function write_shards(root, name, group, shard, model_shard)
     local dist = require 'lunar.dist'
     local rank = group:rank()
     local pid = dist.broadcast(core.from_flat({fs.getpid()}, {1}, 'i64', 'cpu'), {group = group, root = 0}):item()
@@ -215,8 +217,16 @@ local function write_shards(root, name, group, shard)
         fs.remove_tree(tmp)
         assert(fs.mkdir(tmp))
         if shard then assert(fs.mkdir(join(tmp, M.SHARD_DIR))) end
+        if model_shard then assert(fs.mkdir(join(tmp, 'model'))) end
     end
     dist.barrier({group = group})
+    if model_shard and next(model_shard) then
+        local path = join(tmp, 'model/' .. require('lunar.model.sharded').file_name(dist.rank()))
+        lio.save_safetensors(path, model_shard, {metadata = {format = M.FORMAT, part = 'model', rank = tostring(rank),
+            ranks = tostring(group:size())}})
+        fs.fsync(path)
+        test_pause()
+    end
     if shard then
         local path = join(tmp, M.shard_name(rank))
         lio.save_safetensors(path, shard, {metadata = {format = M.FORMAT, part = 'optimizer', rank = tostring(rank),
@@ -228,9 +238,11 @@ local function write_shards(root, name, group, shard)
     return tmp
 end
 
--- save(root, step, state, {checksum_max_bytes = 256 MiB, group =, shard =}) -> the checkpoint's
--- directory, {bytes = the size of its files}. With group (several ranks), every rank calls it
--- (see the header); ranks other than 0 return the directory and {bytes = 0}.
+-- save(root, step, state, {checksum_max_bytes = 256 MiB, group =, shard =, model_shard =}) -> the
+-- checkpoint's directory, {bytes = the size of its files}. With group (several ranks), every rank
+-- calls it (see the header); ranks other than 0 return the directory and {bytes = 0}. model_shard
+-- (group only): each rank's model pieces, written as model/rank_NNNNN.safetensors before rank 0's
+-- save_model adds the manifest beside them.
 function M.save(root, step, state, opts)
     opts = opts or {}
     if type(root) ~= 'string' then fail('checkpoint.save: expected a directory, got ' .. type(root)) end
@@ -244,7 +256,7 @@ function M.save(root, step, state, opts)
     local group = opts.group and opts.group:size() > 1 and opts.group or nil
     local tmp
     if group then
-        tmp = write_shards(root, name, group, opts.shard)
+        tmp = write_shards(root, name, group, opts.shard, opts.model_shard)
         if group:rank() ~= 0 then
             require('lunar.dist').barrier({group = group})
             return final, {bytes = 0}
@@ -264,7 +276,7 @@ function M.save(root, step, state, opts)
         end
         if state.save_model then
             local mdir = join(tmp, 'model')
-            assert(fs.mkdir(mdir))
+            if not fs.stat(mdir) then assert(fs.mkdir(mdir)) end
             state.save_model(mdir)
             doc.model = 'model'
             test_pause()
@@ -579,13 +591,14 @@ function Manager:prune(saved_step)
     return removed
 end
 
--- save(step, state[, shard]) -> the checkpoint's directory, {bytes =}; older ones are pruned.
--- A manager made with group (data parallel): every rank calls it with its optimizer shard; rank 0
--- of the group alone cleans up and prunes.
-function Manager:save(step, state, shard)
+-- save(step, state[, shard[, model_shard]]) -> the checkpoint's directory, {bytes =}; older ones
+-- are pruned. A manager made with group (data parallel): every rank calls it with its optimizer
+-- shard (and its model pieces, when the model is split); rank 0 of the group alone cleans up and
+-- prunes.
+function Manager:save(step, state, shard, model_shard)
     if self.writer then clean_temps(self.dir, true) end
     local dir, info = M.save(self.dir, step, state, {checksum_max_bytes = self.checksum_max_bytes, group = self.group,
-                                                     shard = shard})
+                                                     shard = shard, model_shard = model_shard})
     if self.writer then self:prune(step) end
     self.last_saved = step
     return dir, info

@@ -36,6 +36,7 @@ local flops = require 'lunar.model.flops'
 local recipe_diff = require 'lunar.train.recipe_diff'
 local data_parallel = require 'lunar.train.data_parallel'
 local moe_load = require 'lunar.train.moe_load'
+local sharded = require 'lunar.model.sharded'
 local dist = require 'lunar.dist'
 
 local fs = core.fs
@@ -549,14 +550,19 @@ end
 
 local function save_checkpoint(r, step, m)
     local cfg, t0 = r.cfg, lunar.clock()
-    -- expert parallel: the model is written whole (every ep group gathers its experts; rank 0 writes)
-    local model = r.dp and r.dp:gathered_model(r.model) or r.model
+    -- a model split by tp, ep or etp is written as each rank's pieces and a manifest
+    -- (lunar.model.sharded: no rank gathers it); the LoRA adapters are gathered whole (every ep
+    -- group its experts', every tp group its blocks) and rank 0 writes them
+    local pieces = r.dp and not r.adapters and (r.dp.tp or r.dp.ep) and
+        sharded.shard_tensors(r.model, r.dp.layout.plan, dist.rank()) or nil
+    local model = (r.dp and not pieces) and r.dp:gathered_model(r.model) or r.model
     local counts = m:counts()
     local dir, info = r.cm:save(step, {
         save_model = function(dir)
             -- the checkpoint keeps the real dropout (PEFT's own files may say 0, see peft.save)
             -- (what PEFT cannot apply is reported and merged for the final output, not each checkpoint)
             if r.adapters then lunar.peft.save(model, dir, {lora_dropout = cfg.peft.dropout or 0, merged = false})
+            elseif pieces then sharded.write_manifest(r.model, dir, r.dp.layout.plan)
             else model:save_hf(dir, {keep_dtype = true}) end
         end,
         optimizer = r.opt:state_dict(), data = r.loader:state(),
@@ -566,7 +572,7 @@ local function save_checkpoint(r, step, m)
                                       ep = r.dp.ep and r.dp.ep:size() or nil, tp = r.dp.tp and r.dp.tp:size() or nil,
                                       etp = r.dp.etp and r.dp.etp:size() or nil}
                                   or nil}},
-        r.opt.shard_state and r.opt:shard_state() or nil)
+        r.opt.shard_state and r.opt:shard_state() or nil, pieces)
     r.saved_step = step
     m:note(('checkpoint step %d: %s (%s, %.1f s)'):format(step, dir, mib(info.bytes), lunar.clock() - t0))
     return dir
