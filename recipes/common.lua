@@ -132,6 +132,7 @@ M.defaults = {
         cp = 1,                  -- context parallel degree
         ep = 1,                  -- expert parallel degree
         etp = 1,                 -- expert tensor parallel degree
+        sequence_parallel = false, -- tp > 1: the norms and the residual on each tp rank's share of the rows
         vpp = 1,                 -- virtual pipeline stages per rank
         layout = false,          -- a custom layout (documentation of a preset)
         distributed_optimizer = true, -- data parallel: shard the AdamW state over the ranks (ZeRO-1);
@@ -538,6 +539,18 @@ function M.check_runnable(cfg)
         -- would not be the one-rank mask's block
         missing = ('parallel.tp=%d with peft.dropout=%s: LoRA dropout under tensor parallel is not implemented in this '
             .. 'version of lunar; set peft.dropout=0'):format(p.tp, tostring(cfg.peft.dropout))
+    end
+    local sp = p.sequence_parallel
+    if not missing and sp ~= nil and sp ~= false and sp ~= true then
+        missing = ('parallel.sequence_parallel=%s: expected true or false'):format(tostring(sp))
+    end
+    if not missing and sp == true and p.tp == 1 then
+        missing = 'parallel.sequence_parallel=true needs parallel.tp > 1 (it splits the rows between the tp ranks)'
+    end
+    if not missing and sp == true and (cfg.data.micro_batch * cfg.data.seq_len) % p.tp ~= 0 then
+        missing = ('parallel.sequence_parallel=true: the %d tokens of a micro-batch (data.micro_batch %d x data.seq_len '
+            .. '%d) do not split evenly over parallel.tp=%d'):format(cfg.data.micro_batch * cfg.data.seq_len,
+            cfg.data.micro_batch, cfg.data.seq_len, p.tp)
     end
     if not missing and p.etp > 1 and p.distributed_optimizer == false then
         missing = ('parallel.etp=%d with parallel.distributed_optimizer=false is not implemented in this version of '

@@ -143,7 +143,10 @@ end
 -- replay = true: both sides replay the routes another model chose for the global batch (R3).
 function M.layout_step(T, spec, config, micro_batch, replay)
     micro_batch = micro_batch or 2
-    local lay = d.layout(spec)
+    local sp = spec.sequence_parallel
+    local lspec = {}
+    for k, v in pairs(spec) do if k ~= 'sequence_parallel' then lspec[k] = v end end
+    local lay = d.layout(lspec)
     local dp, ep, tp, etp = lay:group('dp'), lay:group('ep'), lay:group('tp'), lay:group('etp')
     local cfg = {}
     if not (config and config.model_type) then   -- changes to the tiny preset's, or a whole config
@@ -179,7 +182,8 @@ function M.layout_step(T, spec, config, micro_batch, replay)
         end
         assert(differ > 0, 'the replayed routes are the ones the model would choose')
     end
-    local B = lunar.model.new(cfg, {seed = 11, ep = ep, tp = tp, etp = etp})
+    local B = lunar.model.new(cfg, {seed = 11, ep = ep, tp = tp, etp = etp, sequence_parallel = sp})
+    assert((B.sp ~= nil) == (sp == true and tp:size() > 1), 'sequence parallel on exactly when asked (tp > 1)')
     local targets = d.all_reduce(lunar.tensor({b.num_targets}, 'f64'), {group = dp}):item()
     T.equal(targets, ref_batch.num_targets, 'global target count')
     B:moe_load_reset()

@@ -35,6 +35,15 @@ T:test('one step at tp=2 x ep=2, tp=4 x ep=2 and tp=2 x ep=4 (replayed routes) e
     report('tp=2 x ep=4 GLM-5, replayed routes', dpc.layout_step(T, {tp = 2, ep = 4}, nil, nil, true))
 end)
 
+T:test('sequence parallel: one step at tp=2 x dp=2, tp=4 (GLM-4.x), tp=2 x ep=2 and tp=2 x etp=2 (replayed routes) '
+    .. 'equals one rank', function()
+    report('sequence parallel, tp=2 x dp=2 GLM-5', dpc.layout_step(T, {tp = 2, sequence_parallel = true}))
+    report('sequence parallel, tp=4 GLM-4.x', dpc.layout_step(T, {tp = 4, sequence_parallel = true}, dpc.glm4_config))
+    report('sequence parallel, tp=2 x ep=2 GLM-5', dpc.layout_step(T, {tp = 2, ep = 2, sequence_parallel = true}))
+    report('sequence parallel, tp=2 x etp=2 GLM-5, replayed routes', dpc.layout_step(T, {tp = 2, etp = 2,
+        sequence_parallel = true}, nil, nil, true))
+end)
+
 T:test('an MoE layer at tp=2 x ep=2 on 13 tokens (shares of 7 and 6) equals the whole layer', function()
     local lay = d.layout{tp = 2, ep = 2}
     local A = lunar.model.new(dpc.glm4_config, {seed = 11})
@@ -69,7 +78,8 @@ end)
 
 local recipes = dofile('recipes/common.lua')
 
-T:test('20 steps of the tiny SFT recipe at tp=4, tp=2 x dp=2 and tp=2 x ep=2 give the losses of one rank', function()
+T:test('20 steps of the tiny SFT recipe at tp=4, tp=2 x dp=2, tp=2 x ep=2 (with and without sequence parallel) give '
+    .. 'the losses of one rank', function()
     local dir = dpc.tmpdir()
     local function check(label, got, want) dpc.same_losses(T, label, got, want, 20) end
     local one2 = dpc.single(dir .. '/one2.' .. d.rank(), {})
@@ -80,6 +90,8 @@ T:test('20 steps of the tiny SFT recipe at tp=4, tp=2 x dp=2 and tp=2 x ep=2 giv
         checkpoint = {every = 0}})).losses, one4.losses)
     check('tp=2 x ep=2', recipes.run('sft', dpc.recipe(dir .. '/tpep', {parallel = {tp = 2, ep = 2},
         checkpoint = {every = 0}})).losses, one4.losses)
+    check('tp=2 x ep=2, sequence parallel', recipes.run('sft', dpc.recipe(dir .. '/tpepsp', {parallel = {tp = 2, ep = 2,
+        sequence_parallel = true}, checkpoint = {every = 0}})).losses, one4.losses)
     d.barrier()
     if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
 end)
@@ -177,11 +189,11 @@ end)
 T:test('the LoRA recipe at tp=2 x ep=2: the losses of one rank, the adapters one rank writes, a resume bit for bit',
     function()
     local dir = dpc.tmpdir()
-    local over = {train = {steps = 8}, checkpoint = {every = 3}, parallel = {tp = 2, ep = 2}}
-    local one = dpc.single(dir .. '/one.' .. d.rank(), {kind = 'lora', train = {steps = 8}, checkpoint = {every = 0},
+    local over = {train = {steps = 20}, checkpoint = {every = 3}, parallel = {tp = 2, ep = 2}}
+    local one = dpc.single(dir .. '/one.' .. d.rank(), {kind = 'lora', train = {steps = 20}, checkpoint = {every = 0},
         data = {micro_batch = 4}})
     local whole = recipes.run('lora', dpc.recipe(dir .. '/whole', over))
-    dpc.same_losses(T, 'LoRA at tp=2 x ep=2', whole.losses, one.losses, 8)
+    dpc.same_losses(T, 'LoRA at tp=2 x ep=2', whole.losses, one.losses, 20)
     -- the adapters written from the split run: whole, every expert's, one rank's weights up to the
     -- rounding of 8 steps (compared tensor by tensor)
     if d.rank() == 0 then
@@ -197,7 +209,7 @@ T:test('the LoRA recipe at tp=2 x ep=2: the losses of one rank, the adapters one
         end
         for name in pairs(f) do assert(g[name], name .. ' written at tp=2 x ep=2 but not by one rank') end
         assert(n > 50, 'compared ' .. n .. ' adapter tensors')
-        print(('  LoRA at tp=2 x ep=2: %d adapter tensors written whole, within %.2g of one rank\'s'):format(n, worst))
+        print(('  LoRA at tp=2 x ep=2 (20 steps): %d adapter tensors written whole, within %.2g of one rank\'s'):format(n, worst))
     end
     -- stopped after step 5 (checkpoint at 3), resumed: the same losses bit for bit
     local cut = dpc.recipe(dir .. '/cut', over)
@@ -206,7 +218,7 @@ T:test('the LoRA recipe at tp=2 x ep=2: the losses of one rank, the adapters one
     cut.stop_after = false
     local second = recipes.run('lora', cut)
     T.equal(second.start_step, 3, 'resumed from the checkpoint of step 3')
-    for i = 4, 8 do
+    for i = 4, 20 do
         assert(whole.losses[i] == second.losses[i - 3], ('LoRA step %d: loss %.17g uninterrupted, %.17g resumed'):format(
             i, whole.losses[i], second.losses[i - 3]))
     end

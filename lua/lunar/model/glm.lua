@@ -44,22 +44,24 @@ end
 -- Builds the modules of decoder layer i over the parameter store.
 local function build_layer(store, cfg, i, opts)
     local p = ('model.layers.%d'):format(i)
+    -- sequence parallel: the blocks leave their partial sums to the layer, which reduce-scatters
+    local defer = opts.sequence_parallel and opts.tp and opts.tp:size() > 1 or nil
     local L = {index = i, name = p}
     L.input_norm = nn.RMSNorm.new(store, p .. '.input_layernorm', cfg.rms_norm_eps)
     L.post_norm = nn.RMSNorm.new(store, p .. '.post_attention_layernorm', cfg.rms_norm_eps)
     if cfg.model_type == 'glm_moe_dsa' then
         -- MTP layers (i >= num_hidden_layers) run their own indexer
         local kind = (i >= cfg.num_hidden_layers or params.has_indexer(cfg, i)) and 'full' or 'shared'
-        L.attn = nn.MLA.new(store, p .. '.self_attn', cfg, {indexer = kind, tp = opts.tp,
+        L.attn = nn.MLA.new(store, p .. '.self_attn', cfg, {indexer = kind, tp = opts.tp, defer_reduce = defer,
             indexer_loss_coeff = opts.indexer_loss_coeff or 0, indexer_loss = opts.indexer_loss})
     else
-        L.attn = nn.GQA.new(store, p .. '.self_attn', cfg, {tp = opts.tp})
+        L.attn = nn.GQA.new(store, p .. '.self_attn', cfg, {tp = opts.tp, defer_reduce = defer})
     end
     L.mlp_type = i < cfg.num_hidden_layers and params.mlp_type(cfg, i) or 'sparse'
     if L.mlp_type == 'dense' then
-        L.mlp = nn.MLP.new(store, p .. '.mlp', cfg.hidden_act, {tp = opts.tp})
+        L.mlp = nn.MLP.new(store, p .. '.mlp', cfg.hidden_act, {tp = opts.tp, defer_reduce = defer})
     else
-        L.mlp = nn.MoE.new(store, p .. '.mlp', cfg, {ep = opts.ep, tp = opts.tp, etp = opts.etp})
+        L.mlp = nn.MoE.new(store, p .. '.mlp', cfg, {ep = opts.ep, tp = opts.tp, etp = opts.etp, sp = defer})
     end
     return L
 end
@@ -80,6 +82,9 @@ local function build(cfg, store, opts)
         m.vocab = {tp = tp, first = tp:rank() * count, count = count}
     end
     m.embed = nn.Embedding.new(store, 'model.embed_tokens', cfg.pad_token_id, {vocab = m.vocab})
+    -- sequence parallel (opts.sequence_parallel with tp): between the blocks each tp rank holds
+    -- its share of the rows (N / tp); the norms and the residual run on it
+    if opts.sequence_parallel and tp and tp:size() > 1 then m.sp = tp end
     m.layers = {}
     for i = 0, cfg.num_hidden_layers - 1 do m.layers[i + 1] = build_layer(store, cfg, i, opts) end
     m.norm = nn.RMSNorm.new(store, 'model.norm', cfg.rms_norm_eps)
@@ -369,13 +374,22 @@ end
 local function to_compute(self, x) return self.fp32_residual and x:to(self.dtype) or x end
 local function to_residual(self, y) return self.fp32_residual and y:float() or y end
 
+-- sequence parallel: the rows of every tp rank (all_gather), and the sum of the ranks' partial
+-- (N, H) tensors, each rank keeping its rows (reduce_scatter)
+local function sp_gather(self, t) return dist.all_gather(t:contiguous(), {group = self.sp}) end
+local function sp_scatter(self, t) return dist.reduce_scatter(t:contiguous(), {group = self.sp}) end
+
 local function layer_forward(self, L, x, b, prev_topk, replay)
+    local sp = self.sp
     local xn, s_in = L.input_norm:forward(to_compute(self, x))
+    if sp then xn = sp_gather(self, xn) end
     self:_emit(L.name .. '.self_attn', 'input', xn)
     local a, s_attn, topk = L.attn:forward(xn, b, prev_topk)
+    if sp then a = sp_scatter(self, a) end
     self:_emit(L.name .. '.self_attn', 'output', a)
     local h = ops.add(x, to_residual(self, a))
     local hn, s_post = L.post_norm:forward(to_compute(self, h))
+    if sp then hn = sp_gather(self, hn) end
     self:_emit(L.name .. '.mlp', 'input', hn)
     local m, s_mlp, routing
     if L.mlp_type == 'dense' then
@@ -383,6 +397,7 @@ local function layer_forward(self, L, x, b, prev_topk, replay)
     else
         m, s_mlp, routing = L.mlp:forward(hn, {replay_idx = replay})
     end
+    if sp then m = sp_scatter(self, m) end
     self:_emit(L.name .. '.mlp', 'output', m)
     local out = ops.add(h, to_residual(self, m))   -- h is saved by post_norm: no in-place add
     self:_emit(L.name, 'output', out)
@@ -392,10 +407,17 @@ end
 -- gradient of the layer output -> gradient of its input (in the residual stream's dtype; the
 -- casts of the forward pass are casts of the gradient here)
 local function layer_backward(self, L, dout, s)
-    local dh = L.mlp:backward(to_compute(self, dout), s.s_mlp)
+    local sp = self.sp
+    local dm = to_compute(self, dout)
+    if sp then dm = sp_gather(self, dm) end
+    local dh = L.mlp:backward(dm, s.s_mlp)
+    if sp then dh = sp_scatter(self, dh) end
     dh = to_residual(self, L.post_norm:backward(dh, s.s_post))
     dh = ops.add_(dh, dout)
-    local dx, ixloss = L.attn:backward(to_compute(self, dh), s.s_attn)
+    local da = to_compute(self, dh)
+    if sp then da = sp_gather(self, da) end
+    local dx, ixloss = L.attn:backward(da, s.s_attn)
+    if sp then dx = sp_scatter(self, dx) end
     dx = to_residual(self, L.input_norm:backward(dx, s.s_in))
     return ops.add_(dx, dh), ixloss
 end
@@ -438,6 +460,18 @@ function Model:forward(batch, opts)
     local b = self:prepare(batch)
     local x, s_emb = self.embed:forward(b.ids)
     self:_emit('model.embed_tokens', 'output', x)
+    if self.sp then   -- sequence parallel: this rank's rows of the residual stream
+        if opts.head_positions or opts.mtp then
+            fail('forward: opts.head_positions and opts.mtp under sequence parallel are not implemented in this version '
+                .. 'of lunar')
+        end
+        local T = self.sp:size()
+        if b.N % T ~= 0 then
+            fail(('forward: sequence parallel splits the batch\'s %d tokens (B %d x T %d) over tp = %d ranks: they must '
+                .. 'divide evenly'):format(b.N, b.B, b.T, T))
+        end
+        x = x:narrow(1, self.sp:rank() * (b.N / T) + 1, b.N / T):contiguous()
+    end
     x = to_residual(self, x)
     local saved = {emb = s_emb, layers = {}, N = b.N}
     local routing, topks = {}, {}
@@ -452,6 +486,7 @@ function Model:forward(batch, opts)
     end
     local hidden = x
     local xf, s_norm = self.norm:forward(to_compute(self, x))
+    if self.sp then xf = sp_gather(self, xf) end   -- the head reads every row
     self:_emit('model.norm', 'output', xf)
     -- the head only where its outputs are read (RL: the positions that predict a response token)
     local at = head_positions(opts.head_positions, b.N, xf:device())
@@ -575,7 +610,13 @@ end
 -- share, summed over tp
 local function head_backward(self, dlogits, saved_head)
     local dx = self.lm_head:backward(dlogits, saved_head)
+    -- sequence parallel: this rank's rows of the sum (the head's own rows when it is whole)
+    if self.vocab and self.sp then return dist.reduce_scatter(dx, {group = self.sp}) end
     if self.vocab then dist.all_reduce(dx, {group = self.vocab.tp}) end
+    if self.sp then
+        local n = dx:size(1) / self.sp:size()
+        return dx:narrow(1, self.sp:rank() * n + 1, n):contiguous()
+    end
     return dx
 end
 
@@ -659,6 +700,7 @@ function Model:backward(opts)
         dx, l = layer_backward(self, self.layers[i], dx, saved.layers[i])
         ixloss = ixloss + (l or 0)
     end
+    if self.sp then dx = sp_gather(self, dx) end   -- the embedding's rows are whole
     self.embed:backward(to_compute(self, dx), saved.emb)
     self.saved = nil
     return ixloss
@@ -729,10 +771,16 @@ function Model:tp_partial_params()
         local list = a.tp and a:tp_partial() or {}
         -- tp x ep: each tp member routes its share of the tokens
         for _, n in ipairs(L.mlp.tp_partial and L.mlp:tp_partial() or {}) do list[#list + 1] = n end
+        -- sequence parallel: the norms between the blocks see this rank's rows
+        if self.sp then
+            list[#list + 1] = L.name .. '.input_layernorm.weight'
+            list[#list + 1] = L.name .. '.post_attention_layernorm.weight'
+        end
         for _, n in ipairs(list) do
             if self.params:has(n) then names[#names + 1] = n end
         end
     end
+    if self.sp then names[#names + 1] = 'model.norm.weight' end
     return names
 end
 

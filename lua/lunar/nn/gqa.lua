@@ -62,6 +62,8 @@ function GQA.new(store, name, cfg, opts)
     local eps = cfg.rms_norm_eps or 1e-5
     local self = setmetatable({
         store = store, name = name, H = H, NH = NH, nkv = nkv, hd = hd, rot_dim = rot, scaling = hd ^ -0.5, tp = tp,
+        -- the partial sums all-reduced here, or by the caller (sequence parallel; opts.defer_reduce)
+        reduce = tp and not (opts and opts.defer_reduce) and tp or nil,
         q_proj = Linear.new(store, name .. '.q_proj', {bias = bias}),
         k_proj = Linear.new(store, name .. '.k_proj', {bias = bias}),
         v_proj = Linear.new(store, name .. '.v_proj', {bias = bias}),
@@ -126,7 +128,7 @@ function GQA:forward(x, batch)
         not batch.key_lists_exact and batch.mask or nil, self.scaling, {keys = batch.key_lists})
     local out
     out, saved.o = self.o_proj:forward(o:view({N, NH * hd}))
-    if self.tp then dist.all_reduce(out, {group = self.tp}) end   -- the heads' partial sums
+    if self.reduce then dist.all_reduce(out, {group = self.tp}) end   -- the heads' partial sums
     return out, saved
 end
 
@@ -143,7 +145,7 @@ function GQA:backward(dout, saved, need_dx)
     local dx3 = self.v_proj:backward(dv:view({N, nkv * hd}), saved.v, need_dx)
     if need_dx == false then return nil end
     dx = ops.add_(ops.add_(dx, dx2), dx3)
-    if self.tp then dist.all_reduce(dx, {group = self.tp}) end
+    if self.reduce then dist.all_reduce(dx, {group = self.tp}) end
     return dx
 end
 

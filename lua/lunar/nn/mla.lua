@@ -82,6 +82,9 @@ function MLA.new(store, name, cfg, opts)
     end
     local self = setmetatable({
         store = store, name = name, tp = tp,
+        -- the partial sums (output, input gradient) all-reduced here, or by the caller (sequence
+        -- parallel reduce-scatters them; opts.defer_reduce)
+        reduce = tp and not opts.defer_reduce and tp or nil,
         H = need(cfg, 'hidden_size', who), NH = NH,
         Rq = need(cfg, 'q_lora_rank', who), Rkv = need(cfg, 'kv_lora_rank', who),
         Dn = need(cfg, 'qk_nope_head_dim', who), Dr = need(cfg, 'qk_rope_head_dim', who),
@@ -230,7 +233,7 @@ function MLA:forward(x, batch, prev_topk)
     local of = o:contiguous():view({N, NH * Dv})
     local out
     out, saved.o = self.o_proj:forward(of)
-    if self.tp then dist.all_reduce(out, {group = self.tp}) end   -- the heads' partial sums
+    if self.reduce then dist.all_reduce(out, {group = self.tp}) end   -- the heads' partial sums
     return out, saved, topk
 end
 
@@ -272,7 +275,7 @@ function MLA:backward(dout, saved, need_dx)
     -- tensor parallel: this rank's heads' share of dx (the whole sub-modules before the heads ran
     -- on this rank's share of their output gradient; their parameter gradients are reduced once a
     -- step, model:reduce_tp_grads)
-    if self.tp then dist.all_reduce(dx, {group = self.tp}) end
+    if self.reduce then dist.all_reduce(dx, {group = self.tp}) end
     return dx, indexer_loss
 end
 

@@ -204,9 +204,14 @@ function MoE.new(store, name, cfg, opts)
     local ns = cfg.n_shared_experts
     if ns == nil then ns = 1 end
     if self.ep and opts.tp and opts.tp:size() > 1 then self.tp_rows = opts.tp end
-    -- under tp x ep the shared experts' partial sums are all-reduced together with the routed rows
+    -- sequence parallel (opts.sp with opts.tp): the output and the input gradient are left as
+    -- partial sums (the routed rows of this rank's share added in) for the caller to reduce-scatter
+    if opts.sp and opts.tp and opts.tp:size() > 1 then self.sp = opts.tp end
+    -- under tp x ep (or sequence parallel) the shared experts' partial sums are reduced together
+    -- with the routed rows
     if ns > 0 then
-        self.shared = MLP.new(store, name .. '.shared_experts', act, {tp = opts.tp, defer_reduce = self.tp_rows ~= nil})
+        self.shared = MLP.new(store, name .. '.shared_experts', act, {tp = opts.tp,
+            defer_reduce = self.tp_rows ~= nil or self.sp ~= nil})
     end
     return self
 end
@@ -621,7 +626,8 @@ end
 -- its share to the experts: rows [first, first + n) of N, balanced (the first N % tp members one
 -- more). Also returns the largest share.
 local function tp_share(self, N)
-    local T, r = self.tp_rows:size(), self.tp_rows:rank()
+    local g = self.tp_rows or self.sp
+    local T, r = g:size(), g:rank()
     local base, rem = math.floor(N / T), N % T
     return r * base + math.min(r, rem), base + (r < rem and 1 or 0), base + (rem > 0 and 1 or 0)
 end
@@ -656,7 +662,7 @@ function MoE:forward(x, opts)
             tensor.is_tensor(x) and shape_str(x) or type(x)))
     end
     local ri = opts.row_invariant and opts or nil
-    if not self.tp_rows then
+    if not self.tp_rows and not self.sp then
         local out, saved, routes = routed_forward(self, x, opts)
         if self.shared then
             local ys, ss = self.shared:forward(x, ri)
@@ -667,20 +673,29 @@ function MoE:forward(x, opts)
         return out, saved, routes
     end
     -- tensor x expert parallel: this member's rows through the experts, written into the shared
-    -- experts' partial sums (zeros elsewhere), and one all-reduce over tp makes the whole output
+    -- experts' partial sums (zeros elsewhere), and one all-reduce over tp makes the whole output.
+    -- Sequence parallel without ep: every tp member routes every row (the experts are whole), and
+    -- only its share's rows join the partial sums; the caller reduce-scatters them.
     local N = x:size(1)
     local first, n = tp_share(self, N)
     local out
     local ss
     if self.shared then out, ss = self.shared:forward(x, ri) else out = core.empty(x:size(), x:dtype(), x:device()):fill_(0) end
     local part = out:narrow(1, first + 1, n)
-    local yr, saved, routes = routed_forward(self, x:narrow(1, first + 1, n), {replay_idx = opts.replay_idx and
-        opts.replay_idx:narrow(1, first + 1, n), row_invariant = opts.row_invariant})
-    ops.add_(part, yr)
+    local yr, saved, routes
+    if self.tp_rows then
+        yr, saved, routes = routed_forward(self, x:narrow(1, first + 1, n), {replay_idx = opts.replay_idx and
+            opts.replay_idx:narrow(1, first + 1, n), row_invariant = opts.row_invariant})
+        ops.add_(part, yr)
+        routes = gather_routes(self, routes, N)
+    else
+        yr, saved, routes = routed_forward(self, x, opts)
+        ops.add_(part, yr:narrow(1, first + 1, n))
+    end
     yr:free()
-    dist.all_reduce(out, {group = self.tp_rows})
-    saved.shared, saved.share = ss, {first = first, n = n, N = N}
-    return out, saved, gather_routes(self, routes, N)
+    if not self.sp then dist.all_reduce(out, {group = self.tp_rows}) end
+    saved.shared, saved.share = ss, {first = first, n = n, N = N, all_rows = not self.tp_rows}
+    return out, saved, routes
 end
 
 -- backward(dy (N, H), saved[, need_dx]) -> dx (N, H) (nil when need_dx == false). Accumulates
@@ -703,11 +718,21 @@ function MoE:backward(dy, saved, need_dx)
         return dx
     end
     -- tensor x expert parallel: this member's rows; the input gradient, like the output, is the
-    -- sum over tp of the shared experts' partial and each member's rows
+    -- sum over tp of the shared experts' partial and each member's rows (sequence parallel: left
+    -- partial for the caller, and without ep every row's routed gradient is computed, its share's
+    -- rows kept)
     local sh = saved.share
-    routed_backward(self, dy:narrow(1, sh.first + 1, sh.n), saved, dx and dx:narrow(1, sh.first + 1, sh.n))
-    if not want_dx then return nil end
-    dist.all_reduce(dx, {group = self.tp_rows})
+    if sh.all_rows then
+        local dxr = want_dx and core.empty({N, H}, saved.x:dtype(), saved.x:device()):fill_(0) or nil
+        routed_backward(self, dy, saved, dxr)
+        if not want_dx then return nil end
+        ops.add_(dx:narrow(1, sh.first + 1, sh.n), dxr:narrow(1, sh.first + 1, sh.n))
+        dxr:free()
+    else
+        routed_backward(self, dy:narrow(1, sh.first + 1, sh.n), saved, dx and dx:narrow(1, sh.first + 1, sh.n))
+        if not want_dx then return nil end
+    end
+    if not self.sp then dist.all_reduce(dx, {group = self.tp_rows}) end
     return dx
 end
 

@@ -52,6 +52,7 @@ function M.setup(cfg)
     if (p.ep or 1) > 1 or (p.etp or 1) > 1 then self.ep, self.edp = lay:group('ep'), lay:group('edp') end
     if (p.etp or 1) > 1 then self.etp = lay:group('etp') end
     if (p.tp or 1) > 1 then self.tp = lay:group('tp') end
+    self.sequence_parallel = (p.tp or 1) > 1 and p.sequence_parallel == true or nil
     return self
 end
 
@@ -317,9 +318,10 @@ function DP:report(cfg, params_store, opt, log, model)
         local vocab = model and model.vocab
         log(cfg, '  tensor parallel: tp=%d (tp groups of ranks %s): attention heads and MLP widths split, their '
             .. 'partial sums all-reduced over tp; %s', self.tp:size(), table.concat(self.tp:ranks(), ','),
-            vocab and ('the vocabulary split (%d rows of the embedding and LM head a rank, vocab-parallel '
+            (vocab and ('the vocabulary split (%d rows of the embedding and LM head a rank, vocab-parallel '
                 .. 'cross-entropy)'):format(vocab.count) or 'the vocabulary whole on every rank (tp does not '
-                .. 'divide vocab_size)')
+                .. 'divide vocab_size)') .. (self.sequence_parallel and '; sequence parallel: the norms and the '
+                .. 'residual on each rank\'s share of the rows' or ''))
     end
     for r = 0, dist.world_size() - 1 do
         log(cfg, '  rank %d: parameters %s, gradients %s, optimizer state %s%s', r, mib(all[r * 3 + 1]),
