@@ -71,6 +71,34 @@ T:test('the model written from tp=2 is the one-rank file, byte for byte (GLM-5 a
     if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
 end)
 
+T:test('the DSA indexer\'s heads split over tp: every rank selects the keys one rank selects', function()
+    local tp = d.layout{tp = 2}:group('tp')
+    local cfg = {}
+    for k, v in pairs(dpc.preset.common.model.config) do cfg[k] = v end
+    cfg.index_topk = 16
+    local A = lunar.model.new(cfg, {seed = 3})
+    local B = lunar.model.new(cfg, {seed = 3, tp = tp})
+    local Hi = cfg.index_n_heads
+    T.equal(B.params:get('model.layers.0.self_attn.indexer.weights_proj.weight'):size(1), Hi / 2, 'indexer heads a rank')
+    local T_ = 48
+    local ids = {}
+    for i = 1, 2 * T_ do ids[i] = (i * 37) % 6000 + 1 end
+    local batch = {input_ids = lunar.tensor(ids, 'i64'):view(2, T_)}
+    local ta, tb = A:forward(batch).topk, B:forward(batch).topk
+    local layers = 0
+    for layer, t in pairs(ta) do
+        -- the same keys (as sets: the order among equal scores may differ)
+        local a = lunar.ops.sort(t:to('f32'), 3):tolist_flat()
+        local b = lunar.ops.sort(tb[layer]:to('f32'), 3):tolist_flat()
+        T.equal(#b, #a, 'top-k shape')
+        for i = 1, #a do
+            if a[i] ~= b[i] then error(('layer %d: key %d of the top-k differs: %d, one rank %d'):format(layer, i, b[i], a[i])) end
+        end
+        layers = layers + 1
+    end
+    assert(layers >= 2, 'indexer layers compared: ' .. layers)
+end)
+
 T:test('the vocabulary splits over tp: embedding and LM head rows, a cross-entropy without whole logits', function()
     local vp = require 'lunar.nn.vocab_parallel'
     local tp = d.layout{tp = 2}:group('tp')

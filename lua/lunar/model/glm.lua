@@ -159,7 +159,7 @@ function M.tp_of(cfg, opts)
         tensor.fail(('tensor parallel (tp = %d) with the DSA indexer loss is not implemented in this version of lunar')
             :format(g:size()))
     end
-    for _, k in ipairs({'num_attention_heads', 'num_key_value_heads'}) do
+    for _, k in ipairs({'num_attention_heads', 'num_key_value_heads', 'index_n_heads'}) do
         if (cfg[k] or 0) % g:size() ~= 0 then
             tensor.fail(('tensor parallel: %s %s is not divisible by tp = %d'):format(k, tostring(cfg[k]), g:size()))
         end

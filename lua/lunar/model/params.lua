@@ -47,11 +47,12 @@ local function layer_specs(list, cfg, i, mlp_type, indexer, experts)
             -- trained only by the optional indexer loss: no gradient from the LM loss (HF no_grad)
             local Hi, Di = cfg.index_n_heads, cfg.index_head_dim
             local x = a .. 'indexer.'
-            add(list, x .. 'wq_b.weight', {Hi * Di, Rq}, 'normal')
+            -- (tensor parallel: the indexer's heads, wq_b and weights_proj by rows)
+            add(list, x .. 'wq_b.weight', {Hi * Di, Rq}, 'normal', nil, nil, 1)
             add(list, x .. 'wk.weight', {Di, H}, 'normal')
             add(list, x .. 'k_norm.weight', {Di}, 'ones')
             add(list, x .. 'k_norm.bias', {Di}, 'zeros')
-            add(list, x .. 'weights_proj.weight', {Hi, H}, 'normal')
+            add(list, x .. 'weights_proj.weight', {Hi, H}, 'normal', nil, nil, 1)
         end
     else -- glm4_moe: GQA (tensor parallel: q/k/v by heads, column; o_proj by heads, row)
         local NH, NKV, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim

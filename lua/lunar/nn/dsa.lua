@@ -18,6 +18,10 @@
 --       and the top-k without the masked keys' products (scores = false: the top-k only).
 --   The indexer never gets a gradient from the LM loss (HF runs it under no_grad), and nothing
 --   flows from it into x or q_resid.
+--   Tensor parallel (DSA.new's opts.tp, a lunar.dist group): this rank's Hi / tp heads (wq_b and
+--   weights_proj by rows; the head weights keep the whole Hi^-0.5); each rank's scores are its
+--   heads' part of I, all-reduced over tp before the top-k, so every rank selects the same keys
+--   (the mask is in every rank's part: masked keys only get lower). Not with the KL loss.
 --
 --   Optional indexer KL loss (Megatron-LM's DSA indexer loss, off unless the model passes a
 --   coefficient > 0; docs/model.md):
@@ -36,6 +40,7 @@ local lunar_core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local ops = require 'lunar.ops'
 local Linear = require 'lunar.nn.linear'
+local dist = require 'lunar.dist'
 
 local DSA = {}
 DSA.__index = DSA
@@ -46,12 +51,18 @@ local function need(cfg, key, who)
     return v
 end
 
-function DSA.new(store, name, cfg)
+function DSA.new(store, name, cfg, opts)
     local who = 'DSA ' .. name
+    local Hi = need(cfg, 'index_n_heads', who)
+    local tp = opts and opts.tp and opts.tp:size() > 1 and opts.tp or nil
+    if tp and Hi % tp:size() ~= 0 then
+        tensor.fail(('%s: index_n_heads %d is not divisible by tp = %d'):format(who, Hi, tp:size()))
+    end
     local self = setmetatable({
-        store = store, name = name,
+        store = store, name = name, tp = tp,
+        head_scale = Hi ^ -0.5,   -- the whole indexer's, on every rank's heads
         H = need(cfg, 'hidden_size', who), Rq = need(cfg, 'q_lora_rank', who),
-        Hi = need(cfg, 'index_n_heads', who), Di = need(cfg, 'index_head_dim', who),
+        Hi = tp and Hi / tp:size() or Hi, Di = need(cfg, 'index_head_dim', who),
         Dr = need(cfg, 'qk_rope_head_dim', who), topk = need(cfg, 'index_topk', who),
         wq_b = Linear.new(store, name .. '.wq_b'),
         wk = Linear.new(store, name .. '.wk'),
@@ -82,8 +93,17 @@ function DSA:forward(x, q_resid, batch, opts)
     -- head weights in f32 (HF keeps weights_proj in f32)
     local wts, sw = self.weights_proj:forward(x)
     if wts:dtype() ~= 'f32' then wts = wts:to('f32') end
-    ops.mul_(wts, Hi ^ -0.5)
+    ops.mul_(wts, self.head_scale)
     local k = math.min(self.topk, T)
+    if self.tp then
+        if opts.keep then tensor.fail(('DSA %s: the indexer loss under tensor parallel is not implemented'):format(self.name)) end
+        -- this rank's heads' part of I (+ mask), summed over tp, then the top-k every rank shares
+        local scores = ops.index_scores(qr, kr:view({B, T, Di}), wts:view({B, T, Hi}),
+            {mask = batch.mask, scale = Di ^ -0.5, topk = k, scores = true})
+        dist.all_reduce(scores, {group = self.tp})
+        local _, topk = ops.topk(scores, k)
+        return topk, {scores = scores, k = k}
+    end
     if not opts.keep then
         -- fused: I + mask and its top-k in one op, masked keys never computed
         local scores, topk = ops.index_scores(qr, kr:view({B, T, Di}), wts:view({B, T, Hi}),
@@ -138,7 +158,7 @@ function DSA:backward(saved)
     local batch = saved.batch
     local B, T, Hi, Di = batch.B, batch.T, self.Hi, self.Di
     -- head weights: dw[b, s, h] = sum_t dI[b, s, t] A[b, s, h, t]; w = weights_proj(x) * Hi^-0.5
-    local dw = ops.gemm(dI:view({B * T, 1, T}), saved.A, {trans_b = true, alpha = Hi ^ -0.5})
+    local dw = ops.gemm(dI:view({B * T, 1, T}), saved.A, {trans_b = true, alpha = self.head_scale})
     self.weights_proj:backward(dw:view({B * T, Hi}), saved.sw, false)
     -- dA = w dI, through the ReLU (relu'(0) = 0: A = 0 exactly where the score was <= 0)
     local dA = ops.mul(saved.wts:view({B * T, Hi, 1}), dI:view({B * T, 1, T}))

@@ -109,7 +109,7 @@ function MLA.new(store, name, cfg, opts)
     if self.indexer_loss ~= 'sparse' and self.indexer_loss ~= 'dense' then
         tensor.fail(('%s: indexer_loss must be sparse or dense, got %s'):format(who, tostring(self.indexer_loss)))
     end
-    if it == 'full' then self.indexer = DSA.new(store, name .. '.indexer', cfg) end
+    if it == 'full' then self.indexer = DSA.new(store, name .. '.indexer', cfg, {tp = tp}) end
     if it ~= 'none' then self.index_topk = need(cfg, 'index_topk', who) end
     return self
 end
