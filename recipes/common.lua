@@ -133,6 +133,7 @@ M.defaults = {
         ep = 1,                  -- expert parallel degree
         etp = 1,                 -- expert tensor parallel degree
         sequence_parallel = false, -- tp > 1: the norms and the residual on each tp rank's share of the rows
+        split_indexer = false,   -- tp > 1: the DSA indexer's heads split too (all-reduces B x T x T scores)
         vpp = 1,                 -- virtual pipeline stages per rank
         layout = false,          -- a custom layout (documentation of a preset)
         distributed_optimizer = true, -- data parallel: shard the AdamW state over the ranks (ZeRO-1);
@@ -543,6 +544,13 @@ function M.check_runnable(cfg)
     local sp = p.sequence_parallel
     if not missing and sp ~= nil and sp ~= false and sp ~= true then
         missing = ('parallel.sequence_parallel=%s: expected true or false'):format(tostring(sp))
+    end
+    local si = p.split_indexer
+    if not missing and si ~= nil and si ~= false and si ~= true then
+        missing = ('parallel.split_indexer=%s: expected true or false'):format(tostring(si))
+    end
+    if not missing and si == true and p.tp == 1 then
+        missing = 'parallel.split_indexer=true needs parallel.tp > 1 (it splits the indexer\'s heads between the tp ranks)'
     end
     if not missing and sp == true and p.tp == 1 then
         missing = 'parallel.sequence_parallel=true needs parallel.tp > 1 (it splits the rows between the tp ranks)'

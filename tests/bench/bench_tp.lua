@@ -3,7 +3,7 @@
 -- ep=2), one forward and backward of 2 rows of 512 tokens per dp rank, repeated: the bytes each
 -- rank sends in the all-reduces over its tp group (counted at the call, as a ring all-reduce sends
 -- them), against the formula. Not part of ctest; a note for docs/parallel.md.
---   mpirun --allow-run-as-root --oversubscribe -np 2 -x LUNAR_THREADS=1 ./build/lunar tests/bench/bench_tp.lua [tp] [ep] [steps]
+--   mpirun --allow-run-as-root --oversubscribe -np 2 -x LUNAR_THREADS=1 ./build/lunar tests/bench/bench_tp.lua [tp] [ep] [split_indexer] [steps]
 --
 -- Formula, per step, for N tokens a tp group: every decoder layer all-reduces one (N, H) f32
 -- tensor after its attention (o_proj's partial sums) and one after its MLP (down_proj's; an MoE
@@ -11,6 +11,9 @@
 -- and the backward one (N, H) input gradient for each of the two blocks; with the vocabulary split,
 -- the embedding's rows and the LM head's input gradient one (N, H) each:
 --   (L * 4 + 2) * N * H * 4 bytes * 2 * (tp - 1) / tp   (a ring all-reduce of S bytes sends 2 (tp-1)/tp S)
+-- and with `split_indexer` (the third argument, 1) every layer with its own DSA indexer all-reduces
+-- its (B, T, T) f32 scores:
+--   + Li * B * T * T * 4 bytes * 2 * (tp - 1) / tp
 -- plus, once a step, the tp-partial gradients (MLA's q_a / kv_a projections and norms; the MoE
 -- routers under tp x ep), and the all_gathers counted apart: the cross-entropy's (N, 2) f32 and,
 -- under tp x ep, each MoE layer's routes (N x K x 2 f64). The MTP layer is off the LM loss path.
@@ -24,7 +27,8 @@ local world = d.world()
 local np, rank = world:size(), world:rank()
 local TP = tonumber(arg and arg[1]) or np
 local EP = tonumber(arg and arg[2]) or 1
-local steps = tonumber(arg and arg[3]) or 3
+local split_indexer = (tonumber(arg and arg[3]) or 0) == 1
+local steps = tonumber(arg and arg[4]) or 3
 
 local BYTES = {f64 = 8, i64 = 8, f32 = 4, bf16 = 2, f16 = 2}
 local dp = data_parallel.setup({parallel = {tp = TP, ep = EP, bucket_mb = 1}})
@@ -51,10 +55,12 @@ local docs = trainer.load_documents({data = {kind = 'chat', template = 'glm5', s
     limit = 200, train = {'examples/data/sft/gsm8k_train_chat_first1000.jsonl'}}}, tok)
 local loader = data.loader{source = docs, seq_len = 512, micro_batch = 2, seed = 1, dp_rank = dp.rank, dp_size = dp.size,
                            quiet = true}
-local model = lunar.model.new(cfg, {seed = 1, tp = tp, ep = dp.ep})
+local model = lunar.model.new(cfg, {seed = 1, tp = tp, ep = dp.ep, split_indexer = split_indexer})
 local partial = 0   -- elements of the tp-partial gradients a step produces (the MTP layer's get none)
 
 local H, L = cfg.hidden_size, cfg.num_hidden_layers
+local indexers = 0   -- layers that run their own indexer, split (the MTP layer is off the loss path)
+for _, Lr in ipairs(model.layers) do if Lr.attn.indexer and Lr.attn.indexer.tp then indexers = indexers + 1 end end
 local totals = {act = 0, grads = 0, gathers = 0, formula = 0, time = 0}
 for s = 0, steps do
     local b = loader:next()
@@ -75,7 +81,8 @@ for s = 0, steps do
     local t = lunar.clock() - t0
     model:zero_grad()
     local N = b.input_ids:numel()
-    local formula = (L * 4 + (model.vocab and 2 or 0)) * N * H * 4 * 2 * (TP - 1) / TP
+    local Bq, Tq = b.input_ids:size(1), b.input_ids:size(2)
+    local formula = ((L * 4 + (model.vocab and 2 or 0)) * N * H + indexers * Bq * Tq * Tq) * 4 * 2 * (TP - 1) / TP
     if s > 0 then   -- the first step is a warm-up
         for _, k in ipairs({'act', 'grads', 'gathers'}) do totals[k] = totals[k] + sent[k] end
         totals.formula, totals.time = totals.formula + formula, totals.time + t
@@ -86,9 +93,9 @@ local function mib(x) return ('%.2f MiB'):format(x / 2 ^ 20) end
 local mine = {totals.act / steps, totals.formula / steps, totals.grads / steps, totals.gathers / steps, totals.time / steps}
 local all = d.all_gather(lunar.tensor(mine, 'f64'), {group = world}):tolist_flat()
 if rank == 0 then
-    print(('tensor parallel: %d ranks, tp=%d, ep=%d, dp=%d; tiny preset (H %d, %d layers, vocabulary %s), 2 rows of '
-        .. '512 tokens a dp rank, mean of %d steps after a warm-up'):format(np, TP, EP, dp.size, H, L,
-        model.vocab and 'split' or 'whole', steps))
+    print(('tensor parallel: %d ranks, tp=%d, ep=%d, dp=%d; tiny preset (H %d, %d layers, %d with a split indexer, '
+        .. 'vocabulary %s), 2 rows of 512 tokens a dp rank, mean of %d steps after a warm-up'):format(np, TP, EP, dp.size,
+        H, L, indexers, model.vocab and 'split' or 'whole', steps))
     for r = 0, np - 1 do
         local v = {unpack(all, r * 5 + 1, r * 5 + 5)}
         print(('  rank %d: activation all-reduces %s a step, formula %s (ratio %.3f); tp-partial gradients %s '

@@ -144,6 +144,8 @@ T:test('settings that would be replaced or misread are refused by name', functio
         {'does not fit 1 rank', 'ep*etp = 1*2 = 2 must divide tp*cp*dp = 1*1*1 = 1'})
     refuses(function() common.check_runnable(common.recipe('sft', {parallel = {etp = 2,
         distributed_optimizer = false}})) end, {'parallel.etp=2 with parallel.distributed_optimizer=false'})
+    refuses(function() common.check_runnable(common.recipe('sft', {parallel = {split_indexer = true}})) end,
+        {'parallel.split_indexer=true needs parallel.tp > 1'})
     refuses(function() common.check_runnable(common.recipe('sft', {parallel = {sequence_parallel = true}})) end,
         {'parallel.sequence_parallel=true needs parallel.tp > 1'})
     refuses(function() common.check_runnable(common.recipe('sft', {parallel = {tp = 4, sequence_parallel = true},

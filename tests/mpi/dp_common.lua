@@ -143,9 +143,9 @@ end
 -- replay = true: both sides replay the routes another model chose for the global batch (R3).
 function M.layout_step(T, spec, config, micro_batch, replay)
     micro_batch = micro_batch or 2
-    local sp = spec.sequence_parallel
+    local sp, si = spec.sequence_parallel, spec.split_indexer
     local lspec = {}
-    for k, v in pairs(spec) do if k ~= 'sequence_parallel' then lspec[k] = v end end
+    for k, v in pairs(spec) do if k ~= 'sequence_parallel' and k ~= 'split_indexer' then lspec[k] = v end end
     local lay = d.layout(lspec)
     local dp, ep, tp, etp = lay:group('dp'), lay:group('ep'), lay:group('tp'), lay:group('etp')
     local cfg = {}
@@ -182,7 +182,7 @@ function M.layout_step(T, spec, config, micro_batch, replay)
         end
         assert(differ > 0, 'the replayed routes are the ones the model would choose')
     end
-    local B = lunar.model.new(cfg, {seed = 11, ep = ep, tp = tp, etp = etp, sequence_parallel = sp})
+    local B = lunar.model.new(cfg, {seed = 11, ep = ep, tp = tp, etp = etp, sequence_parallel = sp, split_indexer = si})
     assert((B.sp ~= nil) == (sp == true and tp:size() > 1), 'sequence parallel on exactly when asked (tp > 1)')
     local targets = d.all_reduce(lunar.tensor({b.num_targets}, 'f64'), {group = dp}):item()
     T.equal(targets, ref_batch.num_targets, 'global target count')

@@ -71,14 +71,16 @@ T:test('the model written from tp=2 is the one-rank file, byte for byte (GLM-5 a
     if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
 end)
 
-T:test('the DSA indexer\'s heads split over tp: every rank selects the keys one rank selects', function()
+T:test('split_indexer: the DSA indexer\'s heads split over tp, every rank selecting the keys one rank selects', function()
     local tp = d.layout{tp = 2}:group('tp')
     local cfg = {}
     for k, v in pairs(dpc.preset.common.model.config) do cfg[k] = v end
     cfg.index_topk = 16
     local A = lunar.model.new(cfg, {seed = 3})
-    local B = lunar.model.new(cfg, {seed = 3, tp = tp})
+    local B = lunar.model.new(cfg, {seed = 3, tp = tp, split_indexer = true})
     local Hi = cfg.index_n_heads
+    T.equal(lunar.model.new(cfg, {seed = 3, tp = tp}).params:get('model.layers.0.self_attn.indexer.weights_proj.weight')
+        :size(1), Hi, 'whole unless asked')
     T.equal(B.params:get('model.layers.0.self_attn.indexer.weights_proj.weight'):size(1), Hi / 2, 'indexer heads a rank')
     local T_ = 48
     local ids = {}

@@ -26,6 +26,8 @@ end)
 T:test('one step at tp=4 and tp=2 x dp=2 equals one rank (the tiny GLM-5: MLA, DSA, MoE)', function()
     report('tp=4 GLM-5', dpc.layout_step(T, {tp = 4}))
     report('tp=2 x dp=2 GLM-5, index_topk 64', dpc.layout_step(T, {tp = 2}, {index_topk = 64}))
+    report('tp=2 x dp=2 GLM-5, index_topk 64, indexer heads split', dpc.layout_step(T, {tp = 2, split_indexer = true},
+        {index_topk = 64}))
 end)
 
 T:test('one step at tp=2 x ep=2, tp=4 x ep=2 and tp=2 x ep=4 (replayed routes) equals one rank', function()

@@ -53,6 +53,7 @@ local function build_layer(store, cfg, i, opts)
         -- MTP layers (i >= num_hidden_layers) run their own indexer
         local kind = (i >= cfg.num_hidden_layers or params.has_indexer(cfg, i)) and 'full' or 'shared'
         L.attn = nn.MLA.new(store, p .. '.self_attn', cfg, {indexer = kind, tp = opts.tp, defer_reduce = defer,
+            split_indexer = opts.split_indexer,
             indexer_loss_coeff = opts.indexer_loss_coeff or 0, indexer_loss = opts.indexer_loss})
     else
         L.attn = nn.GQA.new(store, p .. '.self_attn', cfg, {tp = opts.tp, defer_reduce = defer})
@@ -159,7 +160,7 @@ function M.tp_of(cfg, opts)
         tensor.fail(('tensor parallel (tp = %d) with the DSA indexer loss is not implemented in this version of lunar')
             :format(g:size()))
     end
-    for _, k in ipairs({'num_attention_heads', 'num_key_value_heads', 'index_n_heads'}) do
+    for _, k in ipairs({'num_attention_heads', 'num_key_value_heads', opts.split_indexer and 'index_n_heads' or nil}) do
         if (cfg[k] or 0) % g:size() ~= 0 then
             tensor.fail(('tensor parallel: %s %s is not divisible by tp = %d'):format(k, tostring(cfg[k]), g:size()))
         end
@@ -186,6 +187,7 @@ end
 -- holds, its tp and etp blocks)
 function M.spec_opts(cfg, opts)
     local o = {mtp = opts.mtp, tp = M.tp_of(cfg, opts), etp = M.etp_of(cfg, opts)}
+    o.split_indexer = o.tp and opts.split_indexer or nil
     if opts.ep and opts.ep:size() > 1 then o.experts = params.expert_range(cfg, opts.ep:rank(), opts.ep:size()) end
     return o
 end

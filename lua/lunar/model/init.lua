@@ -77,7 +77,7 @@ function M.load(dir, opts)
     end
     -- tensor parallel (opts.tp) and expert tensor parallel (opts.etp): this rank's block of each
     -- split tensor
-    local spec = params.spec(cfg, {experts = experts, tp = glm.tp_of(cfg, opts), etp = glm.etp_of(cfg, opts)})
+    local spec = params.spec(cfg, glm.spec_opts(cfg, opts))
 
     -- tensors: by name, whole (an HF directory) or already this rank's blocks (a sharded model,
     -- lunar.model.sharded: each block assembled from the pieces it overlaps)
@@ -129,8 +129,7 @@ function M.load(dir, opts)
         local o = {}
         for k, v in pairs(opts) do o[k] = v end
         o.mtp, opts = false, o
-        spec, known, missing = params.spec(cfg, {mtp = false, experts = experts, tp = glm.tp_of(cfg, opts),
-            etp = glm.etp_of(cfg, opts)}), {}, {}
+        spec, known, missing = params.spec(cfg, glm.spec_opts(cfg, opts)), {}, {}
         for _, s in ipairs(spec) do known[s.name] = s end
         if not opts.quiet then
             _G.io.stderr:write(('lunar.model.load: %s: config.json declares num_nextn_predict_layers = %d, but the '

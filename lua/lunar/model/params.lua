@@ -2,7 +2,8 @@
 -- models, by name, with shapes, initialisation and trainability, derived from a validated config
 -- (lunar.model.config). Names are HF's checkpoint names (per-expert experts, as published).
 --
--- spec(cfg[, {mtp = false, experts = {first=, count=}, tp = {rank=, size=}, etp = {rank=, size=}}]) -> list of
+-- spec(cfg[, {mtp = false, experts = {first=, count=}, tp = {rank=, size=}, etp = {rank=, size=},
+-- split_indexer = false}]) -> list of
 -- {name=, shape=, init='normal'|'ones'|'zeros', trainable=bool, dtype=, mtp=bool}
 -- The MTP layer (num_nextn_predict_layers > 0) is model.layers.<L>.*: a full decoder layer plus
 -- eh_proj, enorm, hnorm and shared_head.norm; it is carried (loaded and saved) and only runs when
@@ -24,7 +25,7 @@ end
 
 -- The tensors of one decoder layer `i` (prefix model.layers.i.); mlp_type 'dense'|'sparse';
 -- indexer true when the layer runs its own DSA indexer.
-local function layer_specs(list, cfg, i, mlp_type, indexer, experts)
+local function layer_specs(list, cfg, i, mlp_type, indexer, experts, split_indexer)
     local p = ('model.layers.%d.'):format(i)
     local H = cfg.hidden_size
     add(list, p .. 'input_layernorm.weight', {H}, 'ones')
@@ -47,12 +48,13 @@ local function layer_specs(list, cfg, i, mlp_type, indexer, experts)
             -- trained only by the optional indexer loss: no gradient from the LM loss (HF no_grad)
             local Hi, Di = cfg.index_n_heads, cfg.index_head_dim
             local x = a .. 'indexer.'
-            -- (tensor parallel: the indexer's heads, wq_b and weights_proj by rows)
-            add(list, x .. 'wq_b.weight', {Hi * Di, Rq}, 'normal', nil, nil, 1)
+            -- (tensor parallel with split_indexer: the indexer's heads, wq_b and weights_proj by rows)
+            local isplit = split_indexer and 1 or nil
+            add(list, x .. 'wq_b.weight', {Hi * Di, Rq}, 'normal', nil, nil, isplit)
             add(list, x .. 'wk.weight', {Di, H}, 'normal')
             add(list, x .. 'k_norm.weight', {Di}, 'ones')
             add(list, x .. 'k_norm.bias', {Di}, 'zeros')
-            add(list, x .. 'weights_proj.weight', {Hi, H}, 'normal', nil, nil, 1)
+            add(list, x .. 'weights_proj.weight', {Hi, H}, 'normal', nil, nil, isplit)
         end
     else -- glm4_moe: GQA (tensor parallel: q/k/v by heads, column; o_proj by heads, row)
         local NH, NKV, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -138,7 +140,8 @@ function M.spec(cfg, opts)
     local vsplit = opts and opts.tp and M.vocab_split(cfg, opts.tp.size) and 1 or nil
     add(list, 'model.embed_tokens.weight', {V, H}, 'normal', nil, nil, vsplit)
     for i = 0, cfg.num_hidden_layers - 1 do
-        layer_specs(list, cfg, i, M.mlp_type(cfg, i), M.has_indexer(cfg, i), opts and opts.experts)
+        layer_specs(list, cfg, i, M.mlp_type(cfg, i), M.has_indexer(cfg, i), opts and opts.experts,
+            opts and opts.split_indexer)
     end
     add(list, 'model.norm.weight', {H}, 'ones')
     if not cfg.tie_word_embeddings then add(list, 'lm_head.weight', {V, H}, 'normal', nil, nil, vsplit) end
@@ -152,7 +155,8 @@ function M.spec(cfg, opts)
         add(list, p .. 'hnorm.weight', {H}, 'ones')
         add(list, p .. 'eh_proj.weight', {H, 2 * H}, 'normal')
         add(list, p .. 'shared_head.norm.weight', {H}, 'ones')
-        layer_specs(list, cfg, i, 'sparse', cfg.model_type == 'glm_moe_dsa', opts and opts.experts)
+        layer_specs(list, cfg, i, 'sparse', cfg.model_type == 'glm_moe_dsa', opts and opts.experts,
+            opts and opts.split_indexer)
     end
     for k = main + 1, #list do list[k].mtp = true end
     -- this rank's block of each split tensor: shape cut, slice = {dim =, start = 0-based, len =, group =}

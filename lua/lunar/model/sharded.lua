@@ -43,10 +43,11 @@ function M.file_name(rank) return ('rank_%05d.safetensors'):format(rank) end
 function M.is_sharded(dir) return type(dir) == 'string' and fs.stat(dir .. '/' .. M.MANIFEST) ~= nil end
 
 -- the pieces world rank q writes: {{name =, shape = (whole), slice = nil | {dim =, start =, len =},
--- dtype =}, ...}; o.mtp: the model has its MTP layer, o.dtype: the parameters' dtype
+-- dtype =}, ...}; o.mtp: the model has its MTP layer, o.dtype: the parameters' dtype,
+-- o.split_indexer: the indexer's heads split over tp
 function M.pieces_of(cfg, plan, q, o)
     local c = plan.coords(q)
-    local so = {mtp = o.mtp}
+    local so = {mtp = o.mtp, split_indexer = plan.tp > 1 and o.split_indexer or nil}
     if plan.tp > 1 then so.tp = {rank = c.tp, size = plan.tp} end
     if plan.etp > 1 then so.etp = {rank = c.etp, size = plan.etp} end
     if plan.ep > 1 then so.experts = params.expert_range(cfg, c.ep, plan.ep) end
@@ -65,7 +66,9 @@ function M.pieces_of(cfg, plan, q, o)
     return out
 end
 
-local function opts_of(model) return {mtp = #model.mtp > 0, dtype = model.dtype} end
+local function opts_of(model)
+    return {mtp = #model.mtp > 0, dtype = model.dtype, split_indexer = model.opts.split_indexer}
+end
 
 -- {name = CPU tensor} of the pieces world rank `rank` writes, from the model it holds
 function M.shard_tensors(model, plan, rank)

@@ -109,7 +109,8 @@ function MLA.new(store, name, cfg, opts)
     if self.indexer_loss ~= 'sparse' and self.indexer_loss ~= 'dense' then
         tensor.fail(('%s: indexer_loss must be sparse or dense, got %s'):format(who, tostring(self.indexer_loss)))
     end
-    if it == 'full' then self.indexer = DSA.new(store, name .. '.indexer', cfg, {tp = tp}) end
+    -- opts.split_indexer: the indexer's heads split over tp too (its scores all-reduced, B x T x T)
+    if it == 'full' then self.indexer = DSA.new(store, name .. '.indexer', cfg, {tp = opts.split_indexer and tp or nil}) end
     if it ~= 'none' then self.index_topk = need(cfg, 'index_topk', who) end
     return self
 end

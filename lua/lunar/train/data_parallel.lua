@@ -53,6 +53,7 @@ function M.setup(cfg)
     if (p.etp or 1) > 1 then self.etp = lay:group('etp') end
     if (p.tp or 1) > 1 then self.tp = lay:group('tp') end
     self.sequence_parallel = (p.tp or 1) > 1 and p.sequence_parallel == true or nil
+    self.split_indexer = (p.tp or 1) > 1 and p.split_indexer == true or nil
     return self
 end
 

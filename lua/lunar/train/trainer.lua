@@ -146,7 +146,7 @@ local function build_model(cfg, resume_model_dir, dp)
     local opts = {dtype = mc.dtype, device = mc.device, seed = mc.seed, indexer_loss_coeff = mc.indexer_loss_coeff,
                   fp32_residual = mc.fp32_residual, strict = mc.strict or nil,
                   ep = dp and dp.ep, tp = dp and dp.tp, etp = dp and dp.etp,
-                  sequence_parallel = dp and dp.sequence_parallel}
+                  sequence_parallel = dp and dp.sequence_parallel, split_indexer = dp and dp.split_indexer}
     if resume_model_dir and not cfg.peft then
         return lunar.model.load(resume_model_dir, opts)
     end
