@@ -493,8 +493,8 @@ end
 -- runs data parallel, with the attention heads and MLP widths split over parallel.tp ranks, the
 -- routed experts spread over parallel.ep ranks and their matrices over parallel.etp (pp = cp = vpp
 -- = 1; docs/parallel.md). A layout that does not fit the number of ranks, and the parallel
--- degrees not implemented yet (tensor, pipeline, context, expert-tensor), refuse on every rank
--- before any work, naming the numbers.
+-- degrees not implemented yet (pipeline, context, virtual pipeline), refuse on every rank before
+-- any work, naming the numbers.
 -- the recipe kinds whose trainer (lunar.train.trainer) runs data parallel over several ranks
 M.DATA_PARALLEL_KINDS = {pretrain = true, sft = true, lora = true}
 

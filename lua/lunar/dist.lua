@@ -254,7 +254,7 @@ function M.plan(spec, world_size)
     spec = spec or {}
     if type(spec) ~= 'table' then fail('layout: expected a table like {tp=2, pp=1, ep=1, cp=1}, got a ' .. type(spec)) end
     for k in pairs(spec) do
-        if not SPEC_KEYS[k] then fail(('layout: unknown key \'%s\' (tp, pp, ep, cp; dp is derived)'):format(tostring(k))) end
+        if not SPEC_KEYS[k] then fail(('layout: unknown key \'%s\' (tp, pp, ep, etp, cp; dp is derived)'):format(tostring(k))) end
     end
     local tp, pp, cp, ep = positive_int(spec, 'tp'), positive_int(spec, 'pp'), positive_int(spec, 'cp'), positive_int(spec, 'ep')
     local etp = positive_int(spec, 'etp')

@@ -84,8 +84,10 @@ function M.load(dir, opts)
     local tensors, metadata, names, cut
     local fused, file_dtypes = {}, {}
     if sharded.is_sharded(dir) then
-        tensors, file_dtypes, names = sharded.read(dir, spec)
-        metadata, cut = {}, true
+        local source
+        tensors, file_dtypes, names, source = sharded.read(dir, spec)
+        metadata, cut = source.metadata or {}, true
+        for name, dt in pairs(source.fused or {}) do fused[name] = dt end
     else
         tensors, metadata = io.load_checkpoint(dir, {quiet = opts.quiet})
         -- fused expert tensors (HF's in-memory layout) -> per-expert names

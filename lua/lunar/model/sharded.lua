@@ -4,7 +4,10 @@
 --   <dir>/config.json              the model's config, as save_hf writes it
 --   <dir>/manifest.json            {format = 'lunar.sharded_model', version = 1, layout = {tp =, ep =,
 --                                  etp =, dp =, world =}, tensors = {{name =, shape = {...}, dtype =,
---                                  pieces = {{file =, dim =, start =, len =}, ...}}, ...}}
+--                                  source_dtype =, pieces = {{file =, dim =, start =, len =}, ...}}, ...},
+--                                  source = {fused = {name = dtype}, metadata = {...}}}
+--   (source: what the model was read from, so that its final HF output keeps the dtypes, the fused
+--   expert layout and the metadata it came in, as save_hf does for a model loaded whole)
 --   <dir>/rank_NNNNN.safetensors   the pieces world rank NNNNN holds and writes, by tensor name
 --
 -- A piece is a whole tensor (no dim) or the block [start, start + len) along dim (1-based; start
@@ -17,9 +20,10 @@
 --   sharded.shard_tensors(model, plan, rank)           -- {name = tensor} this rank writes
 --   sharded.write_manifest(model, dir, plan)           -- config.json + manifest.json (one rank)
 --   sharded.is_sharded(dir)
---   sharded.read(dir, spec) -> tensors, dtypes, names -- the blocks a spec (lunar.model.params.spec
---       with this rank's experts, tp and etp) asks for, each assembled from the pieces it
---       overlaps; the manifest's tensor names, for the caller's checks
+--   sharded.read(dir, spec) -> tensors, dtypes, names, source -- the blocks a spec
+--       (lunar.model.params.spec with this rank's experts, tp and etp) asks for, each assembled
+--       from the pieces it overlaps; each tensor's source dtype; the manifest's tensor names, for
+--       the caller's checks; the manifest's source table
 --
 -- lunar.model.load reads such a directory like an HF one (lunar.model.load(dir, {tp =, ep =, etp
 -- =})): every layout reads the pieces it needs, so a checkpoint written at tp=2 x ep=2 loads at
@@ -97,7 +101,9 @@ function M.write_manifest(model, dir, plan)
         for _, p in ipairs(M.pieces_of(model.cfg, plan, q, o)) do
             local t = by_name[p.name]
             if not t then
-                t = {name = p.name, shape = io.array(p.shape), dtype = p.dtype, pieces = io.array({}), covered = 0}
+                local src = model.source and model.source.dtypes and model.source.dtypes[p.name]
+                t = {name = p.name, shape = io.array(p.shape), dtype = p.dtype, source_dtype = src,
+                     pieces = io.array({}), covered = 0}
                 by_name[p.name] = t
                 order[#order + 1] = p.name
             end
@@ -121,8 +127,10 @@ function M.write_manifest(model, dir, plan)
         list[#list + 1] = t
     end
     io.write_json(dir .. '/config.json', model.cfg.raw or {})
+    local src = model.source or {}
     io.write_json(dir .. '/' .. M.MANIFEST, {format = M.FORMAT, version = M.VERSION, tensors = list,
-        layout = {tp = plan.tp, ep = plan.ep, etp = plan.etp, dp = plan.dp, world = plan.world}})
+        layout = {tp = plan.tp, ep = plan.ep, etp = plan.etp, dp = plan.dp, world = plan.world},
+        source = {fused = src.fused or {}, metadata = src.metadata or {}}})
 end
 
 -- the manifest of dir, checked
@@ -201,13 +209,13 @@ function M.read(dir, spec)
                     fail(('%s: the pieces of %s cover %d of the %d elements this rank needs'):format(mpath, s.name,
                         covered, out:numel()))
                 end
-                tensors[s.name], dtypes[s.name] = out, entry.dtype
+                tensors[s.name], dtypes[s.name] = out, entry.source_dtype or entry.dtype
             end
         end
     end)
     for _, f in pairs(files) do f:close() end
     if not ok then error(err, 0) end
-    return tensors, dtypes, names
+    return tensors, dtypes, names, type(man.source) == 'table' and man.source or {}
 end
 
 return M

@@ -99,7 +99,7 @@ function DSA:forward(x, q_resid, batch, opts)
         if opts.keep then tensor.fail(('DSA %s: the indexer loss under tensor parallel is not implemented'):format(self.name)) end
         -- this rank's heads' part of I (+ mask), summed over tp, then the top-k every rank shares
         local scores = ops.index_scores(qr, kr:view({B, T, Di}), wts:view({B, T, Hi}),
-            {mask = batch.mask, scale = Di ^ -0.5, topk = k, scores = true})
+            {mask = batch.mask, scale = Di ^ -0.5, scores = true})
         dist.all_reduce(scores, {group = self.tp})
         local _, topk = ops.topk(scores, k)
         return topk, {scores = scores, k = k}

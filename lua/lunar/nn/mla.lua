@@ -71,7 +71,8 @@ function MLA.new(store, name, cfg, opts)
     local who = 'MLA ' .. name
     local bias = cfg.attention_bias and true or false
     -- tensor parallel: this rank's heads (q_b_proj and kv_b_proj column parallel by heads, o_proj row
-    -- parallel); the low-rank projections, their norms and the indexer stay whole
+    -- parallel); the low-rank projections, their norms and the indexer stay whole (the indexer's
+    -- heads split too with opts.split_indexer)
     local NH = need(cfg, 'num_attention_heads', who)
     local tp = opts.tp and opts.tp:size() > 1 and opts.tp or nil
     if tp then

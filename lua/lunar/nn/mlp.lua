@@ -30,12 +30,14 @@ end
 -- opts.tp (a lunar.dist group): tensor parallel, this rank holds a block of gate/up's rows (column
 -- parallel) and the same block of down's columns (row parallel); the output's partial sums and the
 -- input gradient's are all-reduced over the group (Megatron's column/row rule); with
--- opts.defer_reduce the caller all-reduces them (lunar.nn.MoE adds its routed rows first)
+-- opts.defer_reduce they are left partial for the caller (lunar.nn.MoE adds its routed rows
+-- first; under sequence parallel the decoder layer reduce-scatters them)
 function MLP.new(store, name, act, opts)
     MLP.check_act(act, 'MLP ' .. name)
     local tp = opts and opts.tp
     return setmetatable({
-        name = name, act = act, tp = (tp and tp:size() > 1 and not opts.defer_reduce) and tp or nil,
+        name = name, act = act, tp = tp and tp:size() > 1 and tp or nil,
+        reduce = tp and tp:size() > 1 and not opts.defer_reduce and tp or nil,
         gate = Linear.new(store, name .. '.gate_proj'),
         up = Linear.new(store, name .. '.up_proj'),
         down = Linear.new(store, name .. '.down_proj'),
@@ -67,7 +69,7 @@ function MLP:forward(x, opts)
     local u, su = self.up:forward(x, opts)
     local a = activate(self.act, g, u)
     local y, sd = self.down:forward(a, opts)
-    if self.tp then dist.all_reduce(y, {group = self.tp}) end
+    if self.reduce then dist.all_reduce(y, {group = self.reduce}) end
     return y, {g = g, u = u, sg = sg, su = su, sd = sd}
 end
 
@@ -78,7 +80,7 @@ function MLP:backward(dy, saved, need_dx)
     local dx2 = self.up:backward(du, saved.su, need_dx)
     if need_dx == false then return nil end
     local dx = ops.add_(dx1, dx2)
-    if self.tp then dist.all_reduce(dx, {group = self.tp}) end
+    if self.reduce then dist.all_reduce(dx, {group = self.reduce}) end
     return dx
 end
 

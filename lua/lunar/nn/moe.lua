@@ -440,7 +440,7 @@ local function etp_reduce(self, t, plan)
     for m = 1, n do recvs[m] = mine end
     local parts = dist.all_to_all(t:contiguous(), plan.rows, recvs, {group = self.etp})   -- (n * mine, C)
     local out = core.empty({mine, C}, t:dtype(), t:device())
-    if mine == 0 then return out end
+    if mine == 0 then parts:free(); return out end
     out:copy_(parts:narrow(1, 1, mine))
     for m = 1, n - 1 do ops.add_(out, parts:narrow(1, m * mine + 1, mine)) end
     parts:free()
@@ -508,10 +508,16 @@ local function routed_forward(self, x, opts)
                     :format(self.name, self.etp:size()))
             end
             hits, et = etp_plan(self, got)
-            xr, wr = etp_gather(self, xr, et), etp_gather(self, wr, et)
+            local xg, wg = etp_gather(self, xr, et), etp_gather(self, wr, et)
+            xr:free(); wr:free()
+            xr, wr = xg, wg
         end
         local Yr, se = experts_forward(self, xr, hits, ri, opts)
-        if et then Yr = etp_reduce(self, Yr, et) end
+        if et then
+            local Ym = etp_reduce(self, Yr, et)
+            Yr:free()
+            Yr = Ym
+        end
         local Y = dist.all_to_all(Yr, recv, send, {group = self.ep})  -- (NK, H) back in sorted order
         Yr:free()
         ops.mul(Y, wsorted, {out = Y})
@@ -557,12 +563,22 @@ local function routed_backward(self, dy, saved, dx)
         local dys = ops.index_select(dy, 1, saved.tok)                -- (NK, H), unscaled
         local dyr = dist.all_to_all(dys, p.send, p.recv, {group = self.ep})
         dys:free()
-        if p.et then dyr = etp_gather(self, dyr, p.et) end
+        if p.et then
+            local dg = etp_gather(self, dyr, p.et)
+            dyr:free()
+            dyr = dg
+        end
         local ar, dXr = experts_backward(self, p.xr, dyr, p.wr, p.hits, p.se, want_dx)
         dyr:free()
         if p.et then   -- both are sums over the intermediate width: each member's is partial
-            ar = etp_reduce(self, ar:view(ar:numel(), 1), p.et)
-            if dXr then dXr = etp_reduce(self, dXr, p.et) end
+            local am = etp_reduce(self, ar:view(ar:numel(), 1), p.et)
+            ar:free()
+            ar = am
+            if dXr then
+                local dm = etp_reduce(self, dXr, p.et)
+                dXr:free()
+                dXr = dm
+            end
         end
         a = dist.all_to_all(ar:view(ar:numel(), 1), p.recv, p.send, {group = self.ep}):view(NK)
         if dXr then
@@ -625,17 +641,20 @@ end
 -- Tensor parallel with expert parallel: the tp members hold the same tokens, and each sends only
 -- its share to the experts: rows [first, first + n) of N, balanced (the first N % tp members one
 -- more). Also returns the largest share.
-local function tp_share(self, N)
+-- (member: another member's share instead of this one's; the count first then)
+local function tp_share(self, N, member)
     local g = self.tp_rows or self.sp
-    local T, r = g:size(), g:rank()
+    local T = g:size()
     local base, rem = math.floor(N / T), N % T
+    if member then return base + (member < rem and 1 or 0) end
+    local r = g:rank()
     return r * base + math.min(r, rem), base + (r < rem and 1 or 0), base + (rem > 0 and 1 or 0)
 end
 
 -- every tp member's routes, whole: idx (N, K) i64 and weights (N, K) f32 from this member's rows
 -- (one all_gather of both, exact in f64, each member's rows padded to the largest share)
 local function gather_routes(self, routes, N)
-    local T, K = self.tp_rows:size(), self.rc.K
+    local K = self.rc.K
     local _, n, most = tp_share(self, N)
     local dev = routes.weights:device()
     local pack = core.empty({most, 2 * K}, 'f64', dev):fill_(0)
@@ -645,9 +664,8 @@ local function gather_routes(self, routes, N)
     end
     local all = dist.all_gather(pack, {group = self.tp_rows})             -- (T * most, 2K)
     local pick = {}
-    local base, rem = math.floor(N / T), N % T
-    for m = 0, T - 1 do
-        for i = 0, base + (m < rem and 1 or 0) - 1 do pick[#pick + 1] = m * most + i end
+    for m = 0, self.tp_rows:size() - 1 do
+        for i = 0, tp_share(self, N, m) - 1 do pick[#pick + 1] = m * most + i end
     end
     local whole = ops.index_select(all, 1, core.from_flat(pick, {N}, 'i64', dev))
     return {idx = whole:narrow(2, 1, K):to('i64'), weights = whole:narrow(2, K + 1, K):to('f32')}

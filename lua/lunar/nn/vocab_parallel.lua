@@ -5,8 +5,9 @@
 --
 --   local vp = require 'lunar.nn.vocab_parallel'
 --   local v = {tp = group, first = r * V / tp, count = V / tp}
---   local y = vp.embedding(ids, W_local, v)                   -- (N, H), whole on every member
---   local dW += vp.embedding_backward(gW, dy, ids, v)         -- this member's rows
+--   -- y (N, H), whole on every member:
+--   local y, saved = vp.embedding(ids, W_local, v)
+--   vp.embedding_backward(gW, dy, saved)                      -- gW += dy's rows this member holds
 --   local loss, logprobs, lse, ctx = vp.cross_entropy(logits_local, targets, v)
 --   local dlogits_local = vp.cross_entropy_backward(dloss, logits_local, lse, ctx)
 --

@@ -1,6 +1,7 @@
 -- lunar.train.data_parallel: what the training loop does differently when a recipe runs on
--- several ranks (mpirun -np N with parallel.tp = pp = cp = 1: data parallel over N ranks, the
--- routed experts spread over parallel.ep of them; docs/parallel.md).
+-- several ranks (mpirun -np N: data parallel over N / tp ranks, the heads and MLP widths split
+-- over parallel.tp, the routed experts spread over parallel.ep and their matrices over
+-- parallel.etp; pp = cp = 1; docs/parallel.md).
 --
 --   local dp = data_parallel.setup(cfg)      -- nil on one rank
 --   local opt = dp:optimizer(store, model, adamw_opts)
@@ -152,17 +153,19 @@ function DP:check_same_checkpoint(st)
     end
 end
 
+-- a block of a tensor split along dim (1 or 2) over group, whole again (the blocks in group order;
+-- columns through the transposes' rows)
+local function unsplit(t, dim, group)
+    if dim == 1 then return dist.all_gather(t:contiguous(), {group = group}) end
+    return dist.all_gather(t:t():contiguous(), {group = group}):t():contiguous()
+end
+
 -- the model whole, for writing it (collective: every rank calls it; each ep group gathers its
 -- members' experts, each tp (etp) group its members' blocks). A view of `model` whose store holds this
 -- rank's parameters, the other members' experts and the split tensors whole, in the one-rank
 -- order; save_hf writes what one rank would.
 function DP:gathered_model(model)
     if not self.ep and not self.tp then return model end
-    -- a block of a tensor split along dim over group, whole again (the blocks in group order)
-    local function whole(t, dim, group)
-        if dim == 1 then return dist.all_gather(t:contiguous(), {group = group}) end
-        return dist.all_gather(t:t():contiguous(), {group = group}):t():contiguous()   -- columns: the transposes' rows
-    end
     local Params = require 'lunar.nn.params'
     local params_spec = require 'lunar.model.params'
     local ep = self.ep and self.ep:size() or 1
@@ -173,7 +176,7 @@ function DP:gathered_model(model)
         local slices = model:tp_slices()
         for _, name in ipairs(model.params.order) do
             local sl = slices[name]
-            if sl then others[name] = whole(model.params:get(name), sl.dim, self.tp) end
+            if sl then others[name] = unsplit(model.params:get(name), sl.dim, self.tp) end
         end
     end
     local eslices = self.etp and model:tp_slices('etp') or {}
@@ -183,7 +186,7 @@ function DP:gathered_model(model)
             local le = tonumber(e) % El
             local t = model.params:get(name):contiguous()
             -- expert tensor parallel: the expert whole first (its blocks over etp)
-            if eslices[name] then t = whole(t, eslices[name].dim, self.etp) end
+            if eslices[name] then t = unsplit(t, eslices[name].dim, self.etp) end
             local all = dist.all_gather(t, {group = self.ep})         -- (ep * rows, ...) in ep order
             local rows = t:size(1)
             for r = 0, ep - 1 do
@@ -246,8 +249,7 @@ function DP:_gathered_adapters(set, El)
             local ad = set.modules[name]
             local A, B = set.params:get(ad.a_name), set.params:get(ad.b_name)
             -- tensor parallel: B's rows of a column-parallel module, A's columns of a row-parallel one
-            if ad.tp and ad.tp.dim == 1 then B = dist.all_gather(B:contiguous(), {group = self.tp})
-            elseif ad.tp then A = dist.all_gather(A:t():contiguous(), {group = self.tp}):t():contiguous() end
+            if ad.tp and ad.tp.dim == 1 then B = unsplit(B, 1, self.tp) elseif ad.tp then A = unsplit(A, 2, self.tp) end
             found[name] = {ad = ad, A = A, B = B}
         end
     end

@@ -784,9 +784,9 @@ function M.plan(cfg)
             cfg.output.dir or '-'),
     }
     if env.size > 1 then
-        local sharded = not cfg.parallel or cfg.parallel.distributed_optimizer ~= false
+        local zero1 = not cfg.parallel or cfg.parallel.distributed_optimizer ~= false
         lines[#lines + 1] = ('  parallel     data parallel over %d ranks: AdamW state %s per rank (%s)'):format(env.size,
-            mib(sharded and mem.optimizer / env.size or mem.optimizer), sharded and 'sharded' or 'replicated')
+            mib(zero1 and mem.optimizer / env.size or mem.optimizer), zero1 and 'sharded' or 'replicated')
     end
     if env.rank == 0 then print(table.concat(lines, '\n')) end
     return p
