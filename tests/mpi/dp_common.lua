@@ -262,6 +262,33 @@ function M.report(label, m)
     end
 end
 
+-- the model files (model.safetensors, config.json) of two HF directories are the same bytes
+function M.same_model_files(a, b)
+    for _, f in ipairs({'model.safetensors', 'config.json'}) do
+        local x = assert(io.open(a .. '/' .. f, 'rb')):read('*a')
+        local y = assert(io.open(b .. '/' .. f, 'rb')):read('*a')
+        assert(#x > 0 and x == y, ('%s/%s differs from %s/%s'):format(a, f, b, f))
+    end
+end
+
+-- the recipe `kind` with `over` (M.recipe under dir/cut) stopped after step 5, its last checkpoint
+-- at step 3, then run again: it resumes from step 3 and its later losses are `whole`'s (the same
+-- settings uninterrupted) bit for bit. Returns the resumed run's result.
+function M.stop_and_resume(T, kind, dir, over, whole)
+    local recipes = dofile('recipes/common.lua')
+    local cut = M.recipe(dir .. '/cut', over)
+    cut.stop_after = 5
+    T.equal(#recipes.run(kind, cut).losses, 5, 'steps before the stop')
+    cut.stop_after = false
+    local second = recipes.run(kind, cut)
+    T.equal(second.start_step, 3, 'resumed from the checkpoint of step 3')
+    for i = 4, #whole.losses do
+        assert(whole.losses[i] == second.losses[i - 3], ('%s step %d: loss %.17g uninterrupted, %.17g resumed'):format(
+            kind, i, whole.losses[i], second.losses[i - 3]))
+    end
+    return second
+end
+
 -- a run's n losses against one rank's, each within 1e-5 relative; returns the worst
 function M.same_losses(T, label, got, want, n)
     T.equal(#got, n, label .. ': steps')

@@ -46,11 +46,7 @@ T:test('the model written from ep=2 x etp=2 is the one-rank file, byte for byte;
     if d.rank() == 0 then
         whole:save_hf(dir .. '/etp')
         lunar.model.new(cfg, {seed = 5}):save_hf(dir .. '/one')
-        for _, f in ipairs({'model.safetensors', 'config.json'}) do
-            local a = assert(io.open(dir .. '/etp/' .. f, 'rb')):read('*a')
-            local b = assert(io.open(dir .. '/one/' .. f, 'rb')):read('*a')
-            assert(#a > 0 and a == b, f .. ' differs from the one-rank file')
-        end
+        dpc.same_model_files(dir .. '/etp', dir .. '/one')
     end
     d.barrier()
     local back = lunar.model.load(dir .. '/one', {ep = dp.ep, etp = dp.etp})
@@ -74,17 +70,7 @@ T:test('20 steps of the tiny SFT recipe at ep=2 x etp=2 give the losses of one r
     dpc.same_losses(T, 'ep=2 x etp=2', run.losses, one.losses, 20)
     -- stop after step 5 (its last checkpoint is step 3), resume: steps 4-8 as the uninterrupted run
     local ck = {train = {steps = 8}, checkpoint = {every = 3}, data = {micro_batch = 1}, parallel = {ep = 2, etp = 2}}
-    run = recipes.run('sft', dpc.recipe(dir .. '/whole', ck))
-    local cut = dpc.recipe(dir .. '/cut', ck)
-    cut.stop_after = 5
-    T.equal(#recipes.run('sft', cut).losses, 5, 'steps before the stop')
-    cut.stop_after = false
-    local second = recipes.run('sft', cut)
-    T.equal(second.start_step, 3, 'resumed from the checkpoint of step 3')
-    for i = 4, 8 do
-        assert(run.losses[i] == second.losses[i - 3], ('step %d: loss %.17g uninterrupted, %.17g resumed'):format(i,
-            run.losses[i], second.losses[i - 3]))
-    end
+    dpc.stop_and_resume(T, 'sft', dir, ck, recipes.run('sft', dpc.recipe(dir .. '/whole', ck)))
     -- another etp does not resume its optimizer state
     T.raises(function() recipes.run('sft', dpc.recipe(dir .. '/cut', {train = {steps = 8}, checkpoint = {every = 3},
         data = {micro_batch = 1}, parallel = {ep = 2}})) end, 'was written with parallel.etp=2, this run has parallel.etp=1')

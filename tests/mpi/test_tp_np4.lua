@@ -109,26 +109,12 @@ T:test('tp=2 x ep=2 checkpoints: the written model is the one-rank file byte for
         if d.rank() == 0 then
             whole:save_hf(dir .. '/tpep' .. i)
             lunar.model.new(cfg, {seed = 5}):save_hf(dir .. '/one' .. i)
-            for _, f in ipairs({'model.safetensors', 'config.json'}) do
-                local a = assert(io.open(dir .. '/tpep' .. i .. '/' .. f, 'rb')):read('*a')
-                local b = assert(io.open(dir .. '/one' .. i .. '/' .. f, 'rb')):read('*a')
-                assert(#a > 0 and a == b, f .. ' differs from the one-rank file')
-            end
+            dpc.same_model_files(dir .. '/tpep' .. i, dir .. '/one' .. i)
         end
     end
     -- stop after step 5 (checkpoint at 3), resume: steps 4-8 as the uninterrupted run
     local over = {train = {steps = 8}, checkpoint = {every = 3}, parallel = {tp = 2, ep = 2}}
-    local full = recipes.run('sft', dpc.recipe(dir .. '/whole', over))
-    local cut = dpc.recipe(dir .. '/cut', over)
-    cut.stop_after = 5
-    recipes.run('sft', cut)
-    cut.stop_after = false
-    local second = recipes.run('sft', cut)
-    T.equal(second.start_step, 3, 'resumed from the checkpoint of step 3')
-    for i = 4, 8 do
-        assert(full.losses[i] == second.losses[i - 3], ('step %d: loss %.17g uninterrupted, %.17g resumed'):format(i,
-            full.losses[i], second.losses[i - 3]))
-    end
+    dpc.stop_and_resume(T, 'sft', dir, over, recipes.run('sft', dpc.recipe(dir .. '/whole', over)))
     -- the step-3 checkpoint against the run's weights at step 3: whole on one rank, spread at ep=4
     local at3 = dpc.recipe(dir .. '/at3', over)
     at3.stop_after = 3
@@ -214,16 +200,7 @@ T:test('the LoRA recipe at tp=2 x ep=2: the losses of one rank, the adapters one
         print(('  LoRA at tp=2 x ep=2 (20 steps): %d adapter tensors written whole, within %.2g of one rank\'s'):format(n, worst))
     end
     -- stopped after step 5 (checkpoint at 3), resumed: the same losses bit for bit
-    local cut = dpc.recipe(dir .. '/cut', over)
-    cut.stop_after = 5
-    recipes.run('lora', cut)
-    cut.stop_after = false
-    local second = recipes.run('lora', cut)
-    T.equal(second.start_step, 3, 'resumed from the checkpoint of step 3')
-    for i = 4, 20 do
-        assert(whole.losses[i] == second.losses[i - 3], ('LoRA step %d: loss %.17g uninterrupted, %.17g resumed'):format(
-            i, whole.losses[i], second.losses[i - 3]))
-    end
+    dpc.stop_and_resume(T, 'lora', dir, over, whole)
     d.barrier()
     if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
 end)
