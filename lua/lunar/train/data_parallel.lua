@@ -206,6 +206,23 @@ function DP:gathered_model(model)
     return setmetatable({params = full, cfg = model.cfg, source = model.source}, {__index = model})
 end
 
+-- LoRA under tp / ep / etp: what a checkpoint's adapters need, without gathering the base model
+-- (collective, like gathered_model): the adapters whole, over a store that holds every base
+-- weight's name and shape only (lunar.peft.save reads the names and shapes to lay the adapter
+-- file out as PEFT expects; each shape is one element broadcast, no memory)
+function DP:adapters_view(model)
+    if not self.ep and not self.tp then return model end
+    local Params = require 'lunar.nn.params'
+    local params_spec = require 'lunar.model.params'
+    local shapes = Params.new()
+    for _, s in ipairs(params_spec.spec(model.cfg, {mtp = #model.mtp > 0})) do
+        local one = core.empty({1, 1}, 'f32', 'cpu')
+        shapes:add(s.name, #s.shape == 2 and one:expand(s.shape[1], s.shape[2]) or one:view(1):expand(s.shape[1]), false)
+    end
+    shapes.lora = self:_gathered_adapters(model.params.lora, (model.cfg.n_routed_experts or 0) / (self.ep and self.ep:size() or 1))
+    return setmetatable({params = shapes, cfg = model.cfg, source = model.source}, {__index = model})
+end
+
 -- expert parallel with LoRA: every member of an ep group must adapt the same projections of its
 -- experts (El per member; the adapters are gathered by local index); a target naming single
 -- experts would not

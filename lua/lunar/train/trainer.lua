@@ -553,10 +553,12 @@ local function save_checkpoint(r, step, m)
     local cfg, t0 = r.cfg, lunar.clock()
     -- a model split by tp, ep or etp is written as each rank's pieces and a manifest
     -- (lunar.model.sharded: no rank gathers it); the LoRA adapters are gathered whole (every ep
-    -- group its experts', every tp group its blocks) and rank 0 writes them
+    -- group its experts', every tp group its blocks, the base model not at all) and rank 0 writes them
     local pieces = r.dp and not r.adapters and (r.dp.tp or r.dp.ep) and
         sharded.shard_tensors(r.model, r.dp.layout.plan, dist.rank()) or nil
-    local model = (r.dp and not pieces) and r.dp:gathered_model(r.model) or r.model
+    local model = r.model
+    if r.dp and r.adapters then model = r.dp:adapters_view(r.model)
+    elseif r.dp and not pieces then model = r.dp:gathered_model(r.model) end
     local counts = m:counts()
     local dir, info = r.cm:save(step, {
         save_model = function(dir)
