@@ -161,22 +161,27 @@ local function unsplit(t, dim, group)
 end
 
 -- the model whole, for writing it (collective: every rank calls it; each ep group gathers its
--- members' experts, each tp (etp) group its members' blocks). A view of `model` whose store holds this
--- rank's parameters, the other members' experts and the split tensors whole, in the one-rank
--- order; save_hf writes what one rank would.
+-- members' experts, each tp (etp) group its members' blocks). On world rank 0, the writer: a view
+-- of `model` whose store holds this rank's parameters, the other members' experts and the split
+-- tensors whole, in the one-rank order; save_hf writes what one rank would. The other ranks free
+-- each gathered tensor at once (they only take part) and get `model` back.
 function DP:gathered_model(model)
     if not self.ep and not self.tp then return model end
     local Params = require 'lunar.nn.params'
     local params_spec = require 'lunar.model.params'
     local ep = self.ep and self.ep:size() or 1
     local El = (model.cfg.n_routed_experts or 0) / ep
+    local keep = dist.rank() == 0
     local others = {}
     -- tensor parallel: each split tensor whole again (its blocks all-gathered over tp, in spec order)
     if self.tp then
         local slices = model:tp_slices()
         for _, name in ipairs(model.params.order) do
             local sl = slices[name]
-            if sl then others[name] = unsplit(model.params:get(name), sl.dim, self.tp) end
+            if sl then
+                local w = unsplit(model.params:get(name), sl.dim, self.tp)
+                if keep then others[name] = w else w:free() end
+            end
         end
     end
     local eslices = self.etp and model:tp_slices('etp') or {}
@@ -189,11 +194,18 @@ function DP:gathered_model(model)
             if eslices[name] then t = unsplit(t, eslices[name].dim, self.etp) end
             local all = dist.all_gather(t, {group = self.ep})         -- (ep * rows, ...) in ep order
             local rows = t:size(1)
-            for r = 0, ep - 1 do
-                others[prefix .. (r * El + le) .. rest] = all:narrow(1, r * rows + 1, rows)
+            if keep then
+                for r = 0, ep - 1 do
+                    others[prefix .. (r * El + le) .. rest] = all:narrow(1, r * rows + 1, rows)
+                end
+            else
+                all:free()
             end
         end
     end
+    local set = model.params.lora
+    local adapters = set and self:_gathered_adapters(set, El)
+    if not keep then return model end
     local full = Params.new()
     local spec = params_spec.spec(model.cfg, {mtp = #model.mtp > 0})   -- without its MTP layer when the model has none
     for _, s in ipairs(spec) do
@@ -201,8 +213,7 @@ function DP:gathered_model(model)
         if not t then core.user_error(('gathering the experts: %s is missing'):format(s.name)) end
         full:add(s.name, t, model.params:has(s.name) and model.params:is_trainable(s.name) or false)
     end
-    local set = model.params.lora
-    if set then full.lora = self:_gathered_adapters(set, El) end
+    full.lora = adapters or nil
     return setmetatable({params = full, cfg = model.cfg, source = model.source}, {__index = model})
 end
 
