@@ -620,10 +620,14 @@ function M.run(cfg)
         log(cfg, 'nothing to do: %s is at step %d of train.steps=%d (the run finished). Set checkpoint.resume=none '
             .. 'to train afresh, a larger train.steps to continue, or another checkpoint.dir', r.st.dir, r.start,
             cfg.train.steps)
-        -- the output of a run that died after its last checkpoint (or that asks for one now)
+        -- the output of a run that died after its last checkpoint (or that asks for one now); a
+        -- split model is gathered for it by every rank (rank 0's look at the directory decides)
         local out = cfg.output and cfg.output.dir
-        if out and (not r.dp or r.dp:is_main()) and not fs.stat(out .. (r.adapters and '/adapter_config.json' or '/config.json')) then
-            save_output(cfg, r.model, r.adapters)
+        local missing = out and not fs.stat(out .. (r.adapters and '/adapter_config.json' or '/config.json')) or false
+        if r.dp then missing = r.dp:any(r.dp:is_main() and missing) end
+        if missing then
+            local whole = r.dp and r.dp:gathered_model(r.model) or r.model
+            if not r.dp or r.dp:is_main() then save_output(cfg, whole, r.adapters) end
         end
         result.finished, result.seconds = true, lunar.clock() - t_start
         return result
