@@ -262,9 +262,10 @@ function M.report(label, m)
     end
 end
 
--- the model files (model.safetensors, config.json) of two HF directories are the same bytes
-function M.same_model_files(a, b)
-    for _, f in ipairs({'model.safetensors', 'config.json'}) do
+-- the model files of two HF directories are the same bytes: model.safetensors and config.json,
+-- or the files listed (a sharded export's shards and index)
+function M.same_model_files(a, b, files)
+    for _, f in ipairs(files or {'model.safetensors', 'config.json'}) do
         local x = assert(io.open(a .. '/' .. f, 'rb')):read('*a')
         local y = assert(io.open(b .. '/' .. f, 'rb')):read('*a')
         assert(#x > 0 and x == y, ('%s/%s differs from %s/%s'):format(a, f, b, f))

@@ -133,12 +133,17 @@ T:test('a sharded model keeps what it was read from: a fused bf16 checkpoint thr
     local pieces = sharded.shard_tensors(m, lay.plan, d.rank())
     if next(pieces) then io_.save_safetensors(dir .. '/sh/' .. sharded.file_name(d.rank()), pieces) end
     d.barrier()
+    -- and the final export of the split model, gathered as it is written, is that file too
+    require('lunar.train.export').write_hf(require('lunar.train.data_parallel').setup({parallel = {tp = 2}}), m,
+        dir .. '/export')
     if d.rank() == 0 then
         sharded.write_manifest(m, dir .. '/sh', lay.plan)
         lunar.model.load(dir .. '/sh'):save_hf(dir .. '/back')
         local a = assert(io.open(dir .. '/src/model.safetensors', 'rb')):read('*a')
-        local b = assert(io.open(dir .. '/back/model.safetensors', 'rb')):read('*a')
-        assert(#a > 0 and a == b, 'the model written back differs from the fused bf16 file it was read from')
+        for _, out in ipairs({'/back', '/export'}) do
+            local b = assert(io.open(dir .. out .. '/model.safetensors', 'rb')):read('*a')
+            assert(#a > 0 and a == b, out .. ': the model written differs from the fused bf16 file it was read from')
+        end
         os.execute(('rm -rf %q'):format(dir))
     end
     d.barrier()

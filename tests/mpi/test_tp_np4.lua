@@ -104,12 +104,23 @@ T:test('tp=2 x ep=2 checkpoints: the written model is the one-rank file byte for
     local data_parallel = require 'lunar.train.data_parallel'
     local dir = dpc.tmpdir()
     local dp = data_parallel.setup({parallel = {tp = 2, ep = 2}})
+    local export = require 'lunar.train.export'
     for i, cfg in ipairs({dpc.preset.common.model.config, dpc.glm4_config}) do
-        local whole = dp:gathered_model(lunar.model.new(cfg, {seed = 5, tp = dp.tp, ep = dp.ep}))
+        -- written as it is gathered (no rank holds the whole model): one file, and in 0.3 MB shards
+        local split = lunar.model.new(cfg, {seed = 5, tp = dp.tp, ep = dp.ep})
+        export.write_hf(dp, split, dir .. '/tpep' .. i)
+        export.write_hf(dp, split, dir .. '/tpep_shards' .. i, {max_shard_bytes = 300000})
         if d.rank() == 0 then
-            whole:save_hf(dir .. '/tpep' .. i)
-            lunar.model.new(cfg, {seed = 5}):save_hf(dir .. '/one' .. i)
+            local one = lunar.model.new(cfg, {seed = 5})
+            one:save_hf(dir .. '/one' .. i)
             dpc.same_model_files(dir .. '/tpep' .. i, dir .. '/one' .. i)
+            one:save_hf(dir .. '/one_shards' .. i, {max_shard_bytes = 300000})
+            local files = {'config.json', 'model.safetensors.index.json'}
+            for f in io.popen(('ls %q'):format(dir .. '/one_shards' .. i)):lines() do
+                if f:match('^model%-') then files[#files + 1] = f end
+            end
+            assert(#files > 4, 'several shards: ' .. #files)
+            dpc.same_model_files(dir .. '/tpep_shards' .. i, dir .. '/one_shards' .. i, files)
         end
     end
     -- stop after step 5 (checkpoint at 3), resume: steps 4-8 as the uninterrupted run

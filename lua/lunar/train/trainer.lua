@@ -37,6 +37,7 @@ local recipe_diff = require 'lunar.train.recipe_diff'
 local data_parallel = require 'lunar.train.data_parallel'
 local moe_load = require 'lunar.train.moe_load'
 local sharded = require 'lunar.model.sharded'
+local export = require 'lunar.train.export'
 local dist = require 'lunar.dist'
 
 local fs = core.fs
@@ -191,7 +192,7 @@ local function copy_companions(cfg, dir)
 end
 
 -- the final model (HF format) or adapters (PEFT format) to output.dir
-local function save_output(cfg, model, adapters)
+local function save_output(cfg, model, adapters, written)
     local out = cfg.output and cfg.output.dir
     if not out then return end
     if adapters then
@@ -209,7 +210,7 @@ local function save_output(cfg, model, adapters)
         local _, gaps = lunar.peft.save(model, out, {base_model_name_or_path = base})
         -- adapters PEFT cannot apply come with the merged model (<out>/merged), which needs the tokenizer too
         if gaps and #gaps > 0 then copy_companions(cfg, out .. '/merged') end
-    else
+    elseif not written then   -- (a split model was written by every rank: lunar.train.export)
         model:save_hf(out)
     end
     copy_companions(cfg, out)
@@ -610,6 +611,18 @@ function M.fall_text(first, tail)
     return ('%.1f%% higher'):format(-100 * fall)
 end
 
+-- the final model of a split run (tp / ep / etp, no adapters) written by every rank, gathered as
+-- it is written (lunar.train.export); otherwise the model rank 0 writes (the LoRA base and
+-- adapters gathered whole, or the model itself). Returns that model and whether it is written.
+local function write_final(r)
+    local out = r.cfg.output and r.cfg.output.dir
+    if out and r.dp and (r.dp.tp or r.dp.ep) and not r.adapters then
+        export.write_hf(r.dp, r.model, out)
+        return r.model, true
+    end
+    return r.dp and r.dp:gathered_model(r.model) or r.model, false
+end
+
 function M.run(cfg)
     local t_start = lunar.clock()
     local r = setup(cfg)
@@ -626,8 +639,8 @@ function M.run(cfg)
         local missing = out and not fs.stat(out .. (r.adapters and '/adapter_config.json' or '/config.json')) or false
         if r.dp then missing = r.dp:any(r.dp:is_main() and missing) end
         if missing then
-            local whole = r.dp and r.dp:gathered_model(r.model) or r.model
-            if not r.dp or r.dp:is_main() then save_output(cfg, whole, r.adapters) end
+            local whole, written = write_final(r)
+            if not r.dp or r.dp:is_main() then save_output(cfg, whole, r.adapters, written) end
         end
         result.finished, result.seconds = true, lunar.clock() - t_start
         return result
@@ -689,8 +702,8 @@ function M.run(cfg)
         user_error(('%s at step %d of %d; the checkpoint %s/%s holds it: run the same command again to resume')
             :format(stop.why, stop.step, cfg.train.steps, cfg.checkpoint.dir, checkpoint.step_name(stop.step)))
     end
-    local out_model = r.dp and r.dp:gathered_model(r.model) or r.model   -- expert parallel: all the experts
-    if main then save_output(cfg, out_model, r.adapters) end
+    local out_model, written = write_final(r)
+    if main then save_output(cfg, out_model, r.adapters, written) end
     local losses = result.losses
     local fall, tail, k = loss_fall(losses)
     result.fall, result.last_loss = fall, r.last_loss
