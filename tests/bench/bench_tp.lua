@@ -30,7 +30,7 @@ local EP = tonumber(arg and arg[2]) or 1
 local split_indexer = (tonumber(arg and arg[3]) or 0) == 1
 local steps = tonumber(arg and arg[4]) or 3
 
-local BYTES = {f64 = 8, i64 = 8, f32 = 4, bf16 = 2, f16 = 2}
+local nbytes = require('lunar.optim.grad_buffer').nbytes
 local dp = data_parallel.setup({parallel = {tp = TP, ep = EP, bucket_mb = 1}})
 local tp = dp.tp
 
@@ -39,12 +39,12 @@ local sent = {act = 0, grads = 0, gathers = 0, phase = 'act'}
 local all_reduce, all_gather = d.all_reduce, d.all_gather
 d.all_reduce = function(t, opts)
     if opts and opts.group == tp then
-        sent[sent.phase] = sent[sent.phase] + 2 * (TP - 1) / TP * t:numel() * (BYTES[t:dtype()] or 4)
+        sent[sent.phase] = sent[sent.phase] + 2 * (TP - 1) / TP * nbytes(t)
     end
     return all_reduce(t, opts)
 end
 d.all_gather = function(t, opts)
-    if opts and opts.group == tp then sent.gathers = sent.gathers + (TP - 1) * t:numel() * (BYTES[t:dtype()] or 4) end
+    if opts and opts.group == tp then sent.gathers = sent.gathers + (TP - 1) * nbytes(t) end
     return all_gather(t, opts)
 end
 

@@ -151,16 +151,7 @@ T:test('the LoRA recipe at ep=2 x dp=2: the losses of one rank, the adapters one
         assert(n > 50, 'compared ' .. n .. ' adapter tensors')
     end
     -- stopped after step 5 (checkpoint at 3), resumed: the same losses bit for bit
-    local cut = dpc.recipe(dir .. '/cut', over)
-    cut.stop_after = 5
-    recipes.run('lora', cut)
-    cut.stop_after = false
-    local second = recipes.run('lora', cut)
-    T.equal(second.start_step, 3, 'resumed from the checkpoint of step 3')
-    for i = 4, 8 do
-        assert(whole.losses[i] == second.losses[i - 3], ('LoRA step %d: loss %.17g uninterrupted, %.17g resumed'):format(
-            i, whole.losses[i], second.losses[i - 3]))
-    end
+    dpc.stop_and_resume(T, 'lora', dir, over, whole)
     d.barrier()
     if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
 end)

@@ -203,16 +203,7 @@ T:test('20 steps of the tiny SFT recipe at tp=2 give the losses of one rank; sto
     -- a run stopped after step 5 (checkpoint at 3) and resumed gives the same later losses
     local over = {train = {steps = 8}, checkpoint = {every = 3}, parallel = {tp = 2}}
     local whole = recipes.run('sft', dpc.recipe(dir .. '/whole', over))
-    local cut = dpc.recipe(dir .. '/cut', over)
-    cut.stop_after = 5
-    recipes.run('sft', cut)
-    cut.stop_after = false
-    local second = recipes.run('sft', cut)
-    T.equal(second.start_step, 3, 'resumed from the checkpoint of step 3')
-    for i = 4, 8 do
-        assert(whole.losses[i] == second.losses[i - 3], ('tp=2 step %d: loss %.17g uninterrupted, %.17g resumed'):format(
-            i, whole.losses[i], second.losses[i - 3]))
-    end
+    dpc.stop_and_resume(T, 'sft', dir, over, whole)
     T.raises(function() dpc.single(dir .. '/cut', {train = {steps = 8}, checkpoint = {every = 3}}) end,
         'was written with parallel.tp=2, this run has parallel.tp=1')
     d.barrier()

@@ -175,6 +175,53 @@ function M.load(dir, opts)
     return model
 end
 
+-- What an HF export writes, shared by save_hf and the export of a split model
+-- (lunar.train.export): the dtype of parameter `name` (param_dtype: its dtype in memory), the
+-- metadata, and the fused expert tensors of the layout the model was read in:
+-- {fname = {which = 'gate_up_proj'|'down_proj', parts = {per-expert names in fill order},
+-- dtype =, shape =}}; fill_fused(f, t, get) copies get(part) for every part into t.
+function M.hf_dtype(src, name, param_dtype, opts)
+    if name:find('e_score_correction_bias', 1, true) then return src.dtypes and src.dtypes[name] or 'f32' end
+    return opts.dtype or (not opts.keep_dtype and src.dtypes and src.dtypes[name]) or param_dtype
+end
+
+function M.hf_metadata(src, opts)
+    return opts.metadata or (src.metadata and next(src.metadata) and src.metadata) or {format = 'pt'}
+end
+
+function M.fused_layout(cfg, src, shape_of, opts)
+    local out = {}
+    for fname, fdt in pairs(src.fused or {}) do
+        local prefix, which = fname:match('^(.*%.mlp%.experts)%.([%w_]+)$')
+        local E, parts = cfg.n_routed_experts, {}
+        for e = 0, E - 1 do
+            if which == 'gate_up_proj' then
+                parts[#parts + 1] = ('%s.%d.gate_proj.weight'):format(prefix, e)
+                parts[#parts + 1] = ('%s.%d.up_proj.weight'):format(prefix, e)
+            else
+                parts[#parts + 1] = ('%s.%d.down_proj.weight'):format(prefix, e)
+            end
+        end
+        local per = shape_of(parts[1])
+        out[fname] = {which = which, parts = parts, dtype = opts.dtype or fdt,
+                      shape = which == 'gate_up_proj' and {E, 2 * per[1], per[2]} or {E, per[1], per[2]}}
+    end
+    return out
+end
+
+function M.fill_fused(f, t, get)
+    local rows = f.shape[2] / (f.which == 'gate_up_proj' and 2 or 1)
+    for e = 0, f.shape[1] - 1 do
+        local slot = t and t:select(1, e + 1)
+        if f.which == 'gate_up_proj' then
+            get(f.parts[2 * e + 1], slot and slot:narrow(1, 1, rows))
+            get(f.parts[2 * e + 2], slot and slot:narrow(1, rows + 1, rows))
+        else
+            get(f.parts[e + 1], slot)
+        end
+    end
+end
+
 -- model:save_hf(dir, {dtype=, keep_dtype=, max_shard_bytes=, metadata=}): config.json +
 -- safetensors. Without dtype every tensor keeps the dtype it was loaded in (new models: its own
 -- dtype); keep_dtype writes every tensor in its dtype in memory (training checkpoints: the
@@ -185,40 +232,18 @@ function glm.Model:save_hf(dir, opts)
     local out = {}
     for name in self.params:names() do
         local t = self.params:get(name)
-        local dt = opts.dtype or (not opts.keep_dtype and src.dtypes[name]) or t:dtype()
-        if name:find('e_score_correction_bias', 1, true) then dt = src.dtypes[name] or 'f32' end
-        out[name] = t:to(dt, 'cpu')
+        out[name] = t:to(M.hf_dtype(src, name, t:dtype(), opts), 'cpu')
     end
     -- write fused experts back in the layout they came in
-    for fname, fdt in pairs(src.fused) do
-        local prefix, which = fname:match('^(.*%.mlp%.experts)%.([%w_]+)$')
-        local E = self.cfg.n_routed_experts
-        local first = out[('%s.0.%s.weight'):format(prefix, which == 'down_proj' and 'down_proj' or 'gate_proj')]
-        local per = first:size()
-        local t
-        if which == 'gate_up_proj' then
-            t = core.empty({E, 2 * per[1], per[2]}, opts.dtype or fdt, 'cpu')
-            for e = 0, E - 1 do
-                local g, u = ('%s.%d.gate_proj.weight'):format(prefix, e), ('%s.%d.up_proj.weight'):format(prefix, e)
-                t:select(1, e + 1):narrow(1, 1, per[1]):copy_(out[g])
-                t:select(1, e + 1):narrow(1, per[1] + 1, per[1]):copy_(out[u])
-                out[g], out[u] = nil, nil
-            end
-        else
-            t = core.empty({E, per[1], per[2]}, opts.dtype or fdt, 'cpu')
-            for e = 0, E - 1 do
-                local d = ('%s.%d.down_proj.weight'):format(prefix, e)
-                t:select(1, e + 1):copy_(out[d])
-                out[d] = nil
-            end
-        end
+    for fname, f in pairs(M.fused_layout(self.cfg, src, function(n) return out[n]:size() end, opts)) do
+        local t = core.empty(f.shape, f.dtype, 'cpu')
+        M.fill_fused(f, t, function(part, at) at:copy_(out[part]); out[part] = nil end)
         out[fname] = t
     end
     os.execute(('mkdir -p %q'):format(dir))
     local raw = self.cfg.raw or {}
     io.write_json(dir .. '/config.json', raw)
-    local md = opts.metadata or (src.metadata and next(src.metadata) and src.metadata) or {format = 'pt'}
-    io.save_checkpoint(dir, out, {max_shard_bytes = opts.max_shard_bytes, metadata = md})
+    io.save_checkpoint(dir, out, {max_shard_bytes = opts.max_shard_bytes, metadata = M.hf_metadata(src, opts)})
     return dir
 end
 

@@ -46,6 +46,7 @@ local DTYPE_BYTES = {f64 = 8, f32 = 4, bf16 = 2, f16 = 2, i64 = 8, i32 = 4, i8 =
                      f8e5m2 = 1}
 -- bytes of a tensor's elements
 function M.nbytes(t) return t:numel() * (DTYPE_BYTES[t:dtype()] or 4) end
+function M.dtype_bytes(dtype) return DTYPE_BYTES[dtype] or 4 end
 
 local Buffer = {}
 Buffer.__index = Buffer

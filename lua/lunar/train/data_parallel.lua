@@ -159,6 +159,7 @@ local function unsplit(t, dim, group)
     if dim == 1 then return dist.all_gather(t:contiguous(), {group = group}) end
     return dist.all_gather(t:t():contiguous(), {group = group}):t():contiguous()
 end
+M.unsplit = unsplit
 
 -- the model whole, for writing it (collective: every rank calls it; each ep group gathers its
 -- members' experts, each tp (etp) group its members' blocks). On world rank 0, the writer: a view

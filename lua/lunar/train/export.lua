@@ -15,19 +15,14 @@
 local core = require 'lunar.core'
 local dist = require 'lunar.dist'
 local io = require 'lunar.io'
+local model_mod = require 'lunar.model'
 local params_spec = require 'lunar.model.params'
+local grad_buffer = require 'lunar.optim.grad_buffer'
+local unsplit = require('lunar.train.data_parallel').unsplit
 
 local fs = core.fs
 
 local M = {}
-
-local BYTES = {f64 = 8, i64 = 8, f32 = 4, i32 = 4, bf16 = 2, f16 = 2, f8e4m3 = 1, f8e5m2 = 1, u8 = 1, bool = 1}
-
--- a block of a tensor split along dim (1 or 2) over group, whole again (the blocks in group order)
-local function unsplit(t, dim, group)
-    if dim == 1 then return dist.all_gather(t:contiguous(), {group = group}) end
-    return dist.all_gather(t:t():contiguous(), {group = group}):t():contiguous()
-end
 
 function M.write_hf(dp, model, dir, opts)
     opts = opts or {}
@@ -45,29 +40,11 @@ function M.write_hf(dp, model, dir, opts)
     local shape_of, out_dtype = {}, {}
     for _, s in ipairs(spec) do
         shape_of[s.name] = s.shape
-        local dt = opts.dtype or (not opts.keep_dtype and src.dtypes and src.dtypes[s.name])
-            or (store:has(s.name) and store:get(s.name):dtype()) or s.dtype or model.dtype
-        if s.name:find('e_score_correction_bias', 1, true) then dt = src.dtypes and src.dtypes[s.name] or 'f32' end
-        out_dtype[s.name] = dt
+        out_dtype[s.name] = model_mod.hf_dtype(src, s.name,
+            (store:has(s.name) and store:get(s.name):dtype()) or s.dtype or model.dtype, opts)
     end
-    local fused, taken = {}, {}
-    for fname, fdt in pairs(src.fused or {}) do
-        local prefix, which = fname:match('^(.*%.mlp%.experts)%.([%w_]+)$')
-        local parts = {}
-        for e = 0, cfg.n_routed_experts - 1 do
-            if which == 'gate_up_proj' then
-                parts[#parts + 1] = ('%s.%d.gate_proj.weight'):format(prefix, e)
-                parts[#parts + 1] = ('%s.%d.up_proj.weight'):format(prefix, e)
-            else
-                parts[#parts + 1] = ('%s.%d.down_proj.weight'):format(prefix, e)
-            end
-        end
-        for _, p in ipairs(parts) do taken[p] = true end
-        local per = shape_of[parts[1]]
-        fused[fname] = {which = which, parts = parts, dtype = opts.dtype or fdt,
-                        shape = which == 'gate_up_proj' and {cfg.n_routed_experts, 2 * per[1], per[2]}
-                            or {cfg.n_routed_experts, per[1], per[2]}}
-    end
+    local fused, taken = model_mod.fused_layout(cfg, src, function(n) return shape_of[n] end, opts), {}
+    for _, f in pairs(fused) do for _, p in ipairs(f.parts) do taken[p] = true end end
     local names = {}
     for _, s in ipairs(spec) do if not taken[s.name] then names[#names + 1] = s.name end end
     for fname in pairs(fused) do names[#names + 1] = fname end
@@ -78,7 +55,7 @@ function M.write_hf(dp, model, dir, opts)
     for i, name in ipairs(names) do
         local f = fused[name]
         local shape, dt = f and f.shape or shape_of[name], f and f.dtype or out_dtype[name]
-        local b = BYTES[dt] or 4
+        local b = grad_buffer.dtype_bytes(dt)
         for _, v in ipairs(shape) do b = b * v end
         if ns == 0 or (cur > 0 and cur + b > max_shard) then ns, cur = ns + 1, 0 end
         shard_of[i], cur, total = ns, cur + b, total + b
@@ -124,27 +101,17 @@ function M.write_hf(dp, model, dir, opts)
         local f = fused[name]
         if not f then return whole(name) end
         local out = writer and core.empty(f.shape, f.dtype, 'cpu') or nil
-        local function put(part, at)   -- one expert's tensor into its place
+        model_mod.fill_fused(f, out, function(part, at)   -- every rank gathers; the writer copies
             local t, owned = whole(part)
             if out then
                 at:copy_(t)
                 if owned then t:free() end
             end
-        end
-        for e = 0, cfg.n_routed_experts - 1 do
-            local slot = out and out:select(1, e + 1)
-            if f.which == 'gate_up_proj' then
-                local rows = shape_of[f.parts[1]][1]
-                put(f.parts[2 * e + 1], slot and slot:narrow(1, 1, rows))
-                put(f.parts[2 * e + 2], slot and slot:narrow(1, rows + 1, rows))
-            else
-                put(f.parts[e + 1], slot)
-            end
-        end
+        end)
         return out, true
     end
 
-    local md = opts.metadata or (src.metadata and next(src.metadata) and src.metadata) or {format = 'pt'}
+    local md = model_mod.hf_metadata(src, opts)
     if writer then
         os.execute(('mkdir -p %q'):format(dir))
         io.write_json(dir .. '/config.json', cfg.raw or {})
