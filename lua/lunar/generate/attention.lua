@@ -13,7 +13,8 @@
 --       attends over each sequence's cached tokens (its own new one included). Returns the
 --       attention output (B, H) before the residual and, on GLM-5, the DSA selection `sel`:
 --       (B, 1, index_topk) i64 positions, or false when every cached token is selected;
---       IndexShare layers return prev_sel unchanged.
+--       IndexShare layers return prev_sel unchanged. Under tensor parallel (the layer's heads
+--       split) the output is this member's partial sum: the caller all-reduces it.
 --
 -- GLM-5 (MLA, weight-absorbed). kv_b_proj (NH * (Dn + Dv), Rkv) is W_uk (NH, Dn, Rkv) over
 -- W_uv (NH, Dv, Rkv). A query's nope score against a cached latent c is q_nope . (W_uk c) =
@@ -39,6 +40,7 @@
 local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local ops = require 'lunar.ops'
+local dist = require 'lunar.dist'
 
 local fail = tensor.fail
 
@@ -121,6 +123,18 @@ local function dsa_select(a, cl, cache, xn, q_resid, step)
     if wts:dtype() ~= 'f32' then wts = wts:to('f32') end
     ops.mul_(wts, Hi ^ -0.5)
     local keys = cache:gather(cl.ik, v)
+    if ix.tp then
+        -- the indexer's heads split over tp (split_indexer): this member's heads' part of the
+        -- scores (+ mask), summed over tp, then the top-k every member shares (as training does)
+        local scores = ops.index_scores(qr, keys, wts:view({B, 1, Hi}), {mask = v.mask, scale = Di ^ -0.5, scores = true})
+        keys:free()
+        dist.all_reduce(scores, {group = ix.tp})
+        local _, best = ops.topk(scores, a.index_topk)
+        scores:free()
+        local sel = ops.sort(best)   -- by position: the paged attention reads its keys in increasing order
+        best:free()
+        return sel
+    end
     local _, sel = ops.index_scores(qr, keys, wts:view({B, 1, Hi}),
         {mask = v.mask, scale = Di ^ -0.5, topk = a.index_topk, scores = false})
     keys:free()

@@ -46,6 +46,8 @@ local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local ops = require 'lunar.ops'
 local gattn = require 'lunar.generate.attention'
+local gpar = require 'lunar.generate.parallel'
+local dist = require 'lunar.dist'
 
 local fail = tensor.fail
 
@@ -90,13 +92,17 @@ local function mlp_forward(model, L, h, mopts)
         local _
         m, _, routing = L.mlp:forward(hn, mopts)
     end
+    -- sequence parallel: the blocks leave their partial sums to the layer (training
+    -- reduce-scatters them); generation holds every row on every tp member
+    if model.sp then dist.all_reduce(m, {group = model.sp}) end
     return ops.add(h, to_residual(model, m)), routing and routing.idx
 end
 
--- the final norm and lm_head of hidden rows x (n, H) -> (n, V); lopts: the Linear's options
+-- the final norm and lm_head of hidden rows x (n, H) -> (n, V); lopts: the Linear's options.
+-- Under tensor parallel the logits are whole and the same bits on every member (gpar.logits).
 local function head(model, x, lopts)
     local xf = model.norm:forward(to_compute(model, x))
-    return (model.lm_head:forward(xf, lopts))
+    return gpar.logits(gpar.of(model), (model.lm_head:forward(xf, lopts)))
 end
 
 -- runs every decoder layer on x through layer_fn(L, cache_layer, xn, sel) -> attention output,
@@ -141,6 +147,7 @@ local function prefill_run(model, cache, lists, slots_list, opts)
     local x = to_residual(model, (model.embed:forward(b.ids)))
     local hidden, routing = run_layers(model, cache, x, opts.routing, nil, function(L, cl, xn, sel)
         local a, _, topk = L.attn:forward(xn, b, sel)
+        if model.sp then dist.all_reduce(a, {group = model.sp}) end   -- left partial for sequence parallel
         gattn.store_prefill(L, cl, cache, xn, b, slots)
         return a, topk
     end)
@@ -204,7 +211,9 @@ local function step_run(model, cache, seqs, list, slots_list, starts, opts)
     }
     local x = to_residual(model, (model.embed:forward(core.from_flat(list, {B}, 'i64', dev))))
     local hidden, routing = run_layers(model, cache, x, opts.routing, ROW_INVARIANT, function(L, cl, xn, sel)
-        return gattn.decode(L, cl, cache, xn, step, sel)
+        local a, s = gattn.decode(L, cl, cache, xn, step, sel)
+        if L.attn.tp then dist.all_reduce(a, {group = L.attn.tp}) end   -- the heads' partial sums
+        return a, s
     end)
     return {logits = head(model, hidden, ROW_INVARIANT), routing = routing}
 end

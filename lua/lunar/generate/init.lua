@@ -56,6 +56,7 @@ local ops = require 'lunar.ops'
 local Cache = require 'lunar.generate.cache'
 local decode = require 'lunar.generate.decode'
 local sampling = require 'lunar.generate.sampling'
+local gpar = require 'lunar.generate.parallel'
 
 local fail = tensor.fail
 
@@ -182,7 +183,11 @@ function M.run(model, prompts, opts)
     opts = opts or {}
     check_opts(opts)
     if type(model) ~= 'table' or not model.cfg or not model.params then fail('generate: expected a lunar model') end
-    if type(prompts) ~= 'table' or #prompts == 0 then fail('generate: prompts must be a non-empty list') end
+    local par = gpar.of(model)
+    -- under expert parallel a rank with no prompts still takes part in the others' forwards
+    if type(prompts) ~= 'table' or (#prompts == 0 and not (par and par.lockstep)) then
+        fail('generate: prompts must be a non-empty list')
+    end
     local tok = tokenizer_of(opts)
     local max_new = opts.max_new_tokens or 256
     local nsamp = opts.n or 1
@@ -207,8 +212,13 @@ function M.run(model, prompts, opts)
             params[j] = sampling.params({temperature = opts.temperature or 0, top_k = opts.top_k, top_p = opts.top_p,
                 min_p = opts.min_p, seed = seed}, j - 1)
         end
-        reqs[i] = {index = i, ids = ids, params = params}
+        reqs[i] = {index = i, ids = ids, params = params, seed = seed}
         longest = math.max(longest, #ids)
+    end
+    if par and par.tp then
+        local lists, what = {}, {max_new, nsamp, opts.temperature or 0, opts.top_k or 0, opts.top_p or 1, opts.min_p or 0}
+        for i, r in ipairs(reqs) do lists[i] = r.ids; what[#what + 1] = r.seed or '-' end
+        gpar.same_requests(par, lists, table.concat(what, ','))
     end
     local stop_set = stop_ids(model, opts, tok, any_chat)
 
@@ -227,7 +237,7 @@ function M.run(model, prompts, opts)
     if not budget then
         local plan = Cache.plan(model, {budget_bytes = 2 ^ 50, block_size = block, max_seq_len = need_len})
         local per_seq = math.ceil(need_len / block) * block * plan.bytes_per_token
-        budget = plan.overhead_bytes + per_seq * math.min(max_batch, #reqs * nsamp)
+        budget = plan.overhead_bytes + per_seq * math.max(1, math.min(max_batch, #reqs * nsamp))
     end
     local cache = Cache.new(model, {budget_bytes = budget, block_size = block, max_seq_len = need_len})
     if opts.quiet == false then print('[lunar] generate: ' .. cache:summary()) end
@@ -318,7 +328,8 @@ function M.run(model, prompts, opts)
     end
 
     local ok, err = pcall(function()
-        while next_wait <= #waiting or #active > 0 do
+        while true do
+            local busy = (next_wait <= #waiting or #active > 0) and 1 or 0
             -- admit the next prompts while their samples fit (the first always does: the budget
             -- holds one sequence of the longest length)
             local admit = {}
@@ -330,6 +341,11 @@ function M.run(model, prompts, opts)
                 admit[#admit + 1] = r
                 next_wait = next_wait + 1
             end
+            -- expert parallel: every rank runs as many prefills as the most any rank runs
+            -- (lunar.generate.parallel), and the loop ends when every rank's requests are done
+            local most = gpar.agree(par, {busy, #admit})
+            if most[1] == 0 then break end
+            for _ = #admit + 1, most[2] do gpar.empty_forward(model, par) end
             -- each prompt is prefilled on its own: a prompt's logits then do not depend on which
             -- other prompts came in with it (packed prefills round differently: the expert
             -- groups and matrix shapes change), so a request is the same alone or in a batch
@@ -372,6 +388,7 @@ function M.run(model, prompts, opts)
             local step = {}
             for _, s in ipairs(keep) do step[#step + 1] = s end
             for _, s in ipairs(last) do step[#step + 1] = s end
+            if gpar.agree(par, {#step})[1] > 0 and #step == 0 then gpar.empty_forward(model, par) end
             if #step > 0 then
                 local seqs, toks = {}, {}
                 for k, s in ipairs(step) do seqs[k], toks[k] = s.seq, s.result.ids[#s.result.ids] end
