@@ -5,7 +5,8 @@
 -- step's loss and every gradient (each rank's block against its block of the whole gradient)
 -- equal one rank's on the whole batch within 1e-5 relative L2; the vocabulary splits (embedding and
 -- LM head rows, a vocab-parallel cross-entropy equal to the whole one, tied embeddings; a vocabulary
--- tp does not divide stays whole); a layout the heads do not divide fails naming the numbers.
+-- tp does not divide stays whole; RL's forwards, logprobs and entropy at the response positions at a
+-- temperature, and their backward); a layout the heads do not divide fails naming the numbers.
 local lunar = require 'lunar'
 local common = dofile('tests/mpi/common.lua')
 local dpc = dofile('tests/mpi/dp_common.lua')
@@ -179,9 +180,50 @@ T:test('the vocabulary splits over tp: embedding and LM head rows, a cross-entro
     odd.vocab_size = 6401
     T.equal(lunar.model.new(odd, {tp = tp}).params:get('lm_head.weight'):size(1), 6401, 'a vocabulary tp does not divide')
     dpc.report('tp=2 GLM-4.x, vocab_size 6401 (whole)', dpc.layout_step(T, {tp = 2}, odd))
-    -- what needs whole logits is refused by name
-    T.raises(function() m:forward({input_ids = lunar.tensor({{1, 2, 3}}, 'i64')}, {entropy = true}) end,
-        'opts.entropy with the vocabulary split over tensor parallel is not implemented')
+end)
+
+T:test('RL forwards with the vocabulary split: logprobs and entropy at the response positions, at a temperature, '
+    .. 'and backward{dlogprobs, dentropy} equal one rank\'s', function()
+    local tp = d.layout{tp = 2}:group('tp')
+    local A = lunar.model.new(dpc.glm4_config, {seed = 6})
+    local B = lunar.model.new(dpc.glm4_config, {seed = 6, tp = tp})
+    assert(B.vocab, 'the vocabulary is split')
+    local ids = {}
+    for j = 1, 24 do ids[j] = (j * 53 + 7) % dpc.glm4_config.vocab_size end
+    local batch = {input_ids = lunar.tensor({ids}, 'i64'), cu_seqlens = lunar.tensor({0, 10, 24}, 'i64')}
+    local at = lunar.tensor({4, 5, 6, 7, 8, 15, 16, 17, 18, 19, 20, 21, 22}, 'i64')
+    local tg = {}
+    for i, p in ipairs(at:tolist_flat()) do tg[i] = ids[p + 2] end
+    local P = #tg
+    local opts = {logprobs = true, entropy = true, temperature = 0.8, head_positions = at,
+                  head_targets = lunar.tensor(tg, 'i64')}
+    local outA, outB = A:forward(batch, opts), B:forward(batch, opts)
+    T.close(outB.logprobs, outA.logprobs, {rtol = 1e-5, atol = 1e-6})
+    T.close(outB.entropy, outA.entropy, {rtol = 1e-5, atol = 1e-6})
+    local dlp, dent = lunar.randn(P, {rng = lunar.rng(8)}), lunar.randn(P, {rng = lunar.rng(9)})
+    A:backward{dlogprobs = dlp, dentropy = dent}
+    B:backward{dlogprobs = dlp, dentropy = dent}
+    B:reduce_tp_grads()
+    local slices = B:tp_slices('tp')
+    local worst, n = 0, 0
+    for name in B.params:names() do
+        local ga, gb = A.params.grads[name], B.params.grads[name]
+        local sl = slices[name]
+        if ga and sl then ga = ga:narrow(sl.dim, sl.start + 1, sl.len) end
+        if ga then
+            local diff = lunar.ops.sub(gb, ga)
+            local r = math.sqrt(lunar.ops.sum(lunar.ops.mul(diff, diff)):item()) /
+                math.max(math.sqrt(lunar.ops.sum(lunar.ops.mul(ga, ga)):item()), 1e-30)
+            worst, n = math.max(worst, r), n + 1
+        end
+    end
+    assert(n > 20, 'compared ' .. n .. ' gradients')
+    assert(worst <= 1e-5, ('worst gradient relative L2 %.3g'):format(worst))
+    -- the entropy alone (no labels): the whole row's through the split
+    local eA = A:forward(batch, {entropy = true, keep = false}).entropy
+    local eB = B:forward(batch, {entropy = true, keep = false}).entropy
+    T.close(eB, eA, {rtol = 1e-5, atol = 1e-6})
+    if d.rank() == 0 then print(('  vocab-parallel entropy: %d gradients, worst relative L2 %.2g'):format(n, worst)) end
 end)
 
 T:test('20 steps of the tiny SFT recipe at tp=2 give the losses of one rank; stopped and resumed, bit for bit', function()

@@ -533,18 +533,19 @@ function Model:forward(batch, opts)
         saved.ce = {logits = logits, lse = lse, targets = tg, denom = denom, temperature = temperature, vp = vctx}
     end
     if opts.entropy then
-        if self.vocab then
-            fail('forward: opts.entropy with the vocabulary split over tensor parallel is not implemented in this '
-                .. 'version of lunar')
-        end
         local lse = saved.ce and saved.ce.lse
         if not lse then
-            -- no labels asked for: the log-sum-exp of each row through any valid target
-            local _, _, l = ops.cross_entropy(logits, core.empty({logits:size(1)}, 'i64', logits:device()):fill_(0))
+            -- no labels asked for: the log-sum-exp of each row through any valid target (the
+            -- whole row's with the vocabulary split: every target ignored)
+            local n = logits:size(1)
+            local _, _, l = self:_cross_entropy(logits, core.empty({n}, 'i64', logits:device()):fill_(self.vocab and -100 or 0))
             lse = l
             saved.ce = {logits = logits, lse = lse, temperature = temperature}
         end
+        -- with the vocabulary split each member's columns give their terms of -sum p log p (p
+        -- through the whole row's lse), summed over tp; the backward is then local
         local H = M.entropy(logits, lse)
+        if self.vocab then dist.all_reduce(H, {group = self.vocab.tp}) end
         out.entropy = H:view(shape)
         saved.entropy = H
     end
