@@ -495,8 +495,9 @@ end
 -- = 1; docs/parallel.md). A layout that does not fit the number of ranks, and the parallel
 -- degrees not implemented yet (pipeline, context, virtual pipeline), refuse on every rank before
 -- any work, naming the numbers.
--- the recipe kinds whose trainer (lunar.train.trainer) runs data parallel over several ranks
-M.DATA_PARALLEL_KINDS = {pretrain = true, sft = true, lora = true}
+-- the recipe kinds whose trainer runs data parallel over several ranks (lunar.train.trainer,
+-- and lunar.rl.trainer with lunar.rl.parallel)
+M.DATA_PARALLEL_KINDS = {pretrain = true, sft = true, lora = true, grpo = true, dapo = true}
 
 function M.check_runnable(cfg)
     local env = lunar.dist.env()
@@ -530,11 +531,6 @@ function M.check_runnable(cfg)
                 .. 'parallel.pp, cp and vpp all 1); set parallel.%s=1'):format(k, tostring(p[k]), k)
         end
     end
-    if not missing and p.tp > 1 and cfg.benchmark and (cfg.benchmark.every or 0) > 0 then
-        missing = ('parallel.tp=%d with benchmark.every=%d: generation with the heads split is not implemented in this '
-            .. 'version of lunar (rank 0 would generate alone); set benchmark.every=0 and evaluate the written model '
-            .. 'with recipes/eval.lua'):format(p.tp, cfg.benchmark.every)
-    end
     if not missing and p.tp > 1 and cfg.peft and (cfg.peft.dropout or 0) > 0 then
         -- a row-parallel module's adapter sees this rank's columns of the input: its dropout mask
         -- would not be the one-rank mask's block
@@ -555,7 +551,13 @@ function M.check_runnable(cfg)
     if not missing and sp == true and p.tp == 1 then
         missing = 'parallel.sequence_parallel=true needs parallel.tp > 1 (it splits the rows between the tp ranks)'
     end
-    if not missing and sp == true and (cfg.data.micro_batch * cfg.data.seq_len) % p.tp ~= 0 then
+    if not missing and sp == true and M.RL_KINDS[cfg.kind] then
+        -- RL's forwards run the LM head at the response positions only, which sequence parallel
+        -- does not split
+        missing = ('parallel.sequence_parallel=true with the %s recipe is not implemented in this version of lunar; '
+            .. 'set parallel.sequence_parallel=false'):format(cfg.kind)
+    end
+    if not missing and sp == true and not M.RL_KINDS[cfg.kind] and (cfg.data.micro_batch * cfg.data.seq_len) % p.tp ~= 0 then
         missing = ('parallel.sequence_parallel=true: the %d tokens of a micro-batch (data.micro_batch %d x data.seq_len '
             .. '%d) do not split evenly over parallel.tp=%d'):format(cfg.data.micro_batch * cfg.data.seq_len,
             cfg.data.micro_batch, cfg.data.seq_len, p.tp)

@@ -6,7 +6,8 @@
 -- recorded routes. Layouts: tp=2 x ep=2 (GLM-5, the DSA indexer selecting at decode), ep=4 with
 -- ranks of 0 to 3 prompts, ep=2 x etp=2, tp=4 (GLM-4.x, sequence parallel), tp=2 x dp=2 with the
 -- indexer's heads split, and tp=2 with the vocabulary whole. tp ranks given different prompts
--- are refused on every rank.
+-- are refused on every rank. The SFT recipe's benchmark (benchmark.every) at tp=2 x ep=2 logs the
+-- numbers one rank logs.
 local lunar = require 'lunar'
 local common = dofile('tests/mpi/common.lua')
 local dpc = dofile('tests/mpi/dp_common.lua')
@@ -112,4 +113,38 @@ T:test('tp ranks given different prompts are refused on every rank', function()
     local ids = {{1, 2, 3 + d.rank()}}
     T.raises(function() lunar.generate(m, ids, {max_new_tokens = 2}) end, 'were given different prompts')
 end)
+T:test('the SFT recipe\'s benchmark at tp=2 x ep=2 logs what one rank logs', function()
+    local dir = dpc.tmpdir()
+    local over = {train = {steps = 2}, optim = {warmup = 1}, benchmark = {every = 2, datasets = {'gsm8k'}, limit = 3, k = 2,
+        max_new_tokens = 8, temperature = 1, seed = 5}}
+    local function rows(path)
+        local out = {}
+        local f = assert(io.open(path .. '/metrics.jsonl', 'rb'))
+        for line in f:read('*a'):gmatch('[^\n]+') do
+            local row = lunar.io.decode_json(line)
+            for k, v in pairs(row) do if k:match('^benchmark/') then out[k] = v end end
+        end
+        f:close()
+        return out
+    end
+    if d.rank() == 0 then dpc.single(dir .. '/one', over) end
+    d.barrier()
+    local recipes = dofile('recipes/common.lua')
+    local o = dpc.recipe(dir .. '/split', over)
+    o.parallel.tp, o.parallel.ep = 2, 2
+    recipes.run('sft', o)
+    if d.rank() == 0 then
+        local a, b = rows(dir .. '/split'), rows(dir .. '/one')
+        local n = 0
+        for k, v in pairs(b) do
+            T.equal(a[k], v, k)
+            n = n + 1
+        end
+        assert(n >= 3 and b['benchmark/gsm8k/avg@2'] ~= nil, 'benchmark metrics logged: ' .. n)
+        print(('  benchmark at tp=2 x ep=2: %d numbers as one rank logs them'):format(n))
+    end
+    d.barrier()
+    if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
+end)
+
 os.exit(T:run())

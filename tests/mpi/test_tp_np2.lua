@@ -42,8 +42,6 @@ T:test('heads that tp does not divide fail on every rank naming the numbers', fu
         'tensor parallel (tp = 2) with the DSA indexer loss is not implemented')
     local recipes = dofile('recipes/common.lua')
     local dir = dpc.tmpdir()
-    T.raises(function() recipes.run('sft', dpc.recipe(dir .. '/a', {parallel = {tp = 2}, benchmark = {every = 5}})) end,
-        'generation with the heads split is not implemented')
     T.raises(function() recipes.run('lora', dpc.recipe(dir .. '/b', {parallel = {tp = 2}, peft = {dropout = 0.1}})) end,
         'parallel.tp=2 with peft.dropout=0.1: LoRA dropout under tensor parallel is not implemented')
     T.raises(function() recipes.run('sft', dpc.recipe(dir .. '/c', {parallel = {tp = 2, distributed_optimizer = false}})) end,

@@ -249,15 +249,23 @@ function M.set_advantages(minis)
     end
 end
 
--- build(samples, opts) -> mini-batches (see the header); samples are in group order (n each)
+-- build(groups, opts) -> mini-batches (see the header); the groups' samples in group order (n
+-- each). Data parallel (lunar.rl.parallel): opts.total is the step's group count over every rank
+-- and each group's g.position its place among them; mini-batch m takes the groups whose place
+-- falls in it (the cut one rank makes of all of them), and opts.keep_empty keeps a mini-batch
+-- this rank holds no group of (the optimizer step is every rank's).
 function M.build(groups, opts)
-    local per_mini = #groups / opts.mini_batches
+    local total = opts.total or #groups
+    local per_mini = total / opts.mini_batches
     local out = {}
     for m = 1, opts.mini_batches do
         local first, last = math.floor((m - 1) * per_mini) + 1, math.floor(m * per_mini)
         local samples = {}
-        for gi = first, last do
-            for _, s in ipairs(groups[gi].samples) do samples[#samples + 1] = s end
+        for gi, g in ipairs(groups) do
+            local at = g.position or gi
+            if at >= first and at <= last then
+                for _, s in ipairs(g.samples) do samples[#samples + 1] = s end
+            end
         end
         local micros = {}
         for i = 1, #samples, opts.micro_batch do
@@ -265,9 +273,20 @@ function M.build(groups, opts)
             for j = i, math.min(#samples, i + opts.micro_batch - 1) do part[#part + 1] = samples[j] end
             micros[#micros + 1] = opts.share_prompts and micro_shared(part, opts) or micro(part, opts)
         end
-        if #samples > 0 then out[#out + 1] = {micro = micros, samples = samples} end
+        if #samples > 0 or opts.keep_empty then out[#out + 1] = {micro = micros, samples = samples} end
     end
     return out
+end
+
+-- a micro-batch that trains nothing (mb.dummy): one sample of one prompt token and one response
+-- token, its mask 0, its advantage 0 (data parallel pads the ranks' mini-batches with them so
+-- that every rank runs as many forwards and backwards; lunar.rl.parallel)
+function M.dummy(opts)
+    local s = {prompt_ids = {0}, ids = {0}, logprobs = {0}, train = false, advantage = 0, reward = 0, dummy = true}
+    local mb = micro({s}, opts)
+    mb.dummy = true
+    mb.advantages = core.from_flat({0}, {1}, 'f32', 'cpu')
+    return mb
 end
 
 return M

@@ -440,4 +440,11 @@ function M.policy(inputs, cfg, norm)
     return v.loss, {dlogprobs = dlp, dentropy = dent}, metrics
 end
 
+-- every name policy()'s metrics may hold (some only with their setting, or with tokens), in one
+-- order: what data-parallel ranks sum together (lunar.rl.policy)
+M.METRICS = {'tokens', 'pg_loss', 'pg_clipfrac_low', 'pg_clipfrac_high', 'pg_clipfrac', 'pg_clipfrac_dual',
+    'ratio_mean', 'ratio_min', 'ratio_max', 'ppo_kl', 'approx_kl', 'entropy_mean', 'kl_mean', 'kl_term',
+    'entropy_term', 'tis_weight_mean', 'tis_capped_frac', 'rollout_logprob_abs_diff_mean',
+    'rollout_logprob_abs_diff_max'}
+
 return M

@@ -17,6 +17,10 @@ local ops = lunar.ops
 local loss = require 'lunar.rl.loss'
 local lora = require 'lunar.nn.lora'
 local rlbatch = require 'lunar.rl.batch'
+local rlpar = require 'lunar.rl.parallel'
+
+local METRIC_SET = {}
+for _, k in ipairs(loss.METRICS) do METRIC_SET[k] = true end
 
 local M = {}
 
@@ -84,7 +88,7 @@ local function record_old(acc, mb, out)
     acc.gap_sum = acc.gap_sum + ops.sum(diff):item()
     acc.gap_n = acc.gap_n + ops.sum(mb.mask):item()
     acc.gap_max = math.max(acc.gap_max, ops.max(diff):item())
-    if mb.recorded then
+    if mb.recorded and not mb.dummy then
         local a, n = M.router_agreement(mb, out.routing)
         acc.agree, acc.routed = acc.agree + a, acc.routed + n
     end
@@ -126,7 +130,10 @@ end
 
 -- the rollout/training logprob gap (mean |rollout - old| over the trained tokens, and its max)
 -- and the router agreement (routes recorded, not replayed) of a step's old_logprobs and update
-function M.stats(acc)
+-- (dp: summed over the data-parallel ranks)
+function M.stats(acc, dp)
+    acc.gap_sum, acc.gap_n, acc.agree, acc.routed = rlpar.sum(dp, acc.gap_sum, acc.gap_n, acc.agree, acc.routed)
+    acc.gap_max = rlpar.max(dp, acc.gap_max)
     return {gap = acc.gap_n > 0 and acc.gap_sum / acc.gap_n or 0, gap_max = acc.gap_max,
             router_agreement = acc.routed > 0 and acc.agree / acc.routed or nil}
 end
@@ -184,17 +191,20 @@ local function mini_step(run, mini, advantages_of, acc)
     local cfg, model = run.cfg, run.model
     local rl = cfg.rl
     local masks = {}
-    for i, mb in ipairs(mini.micro) do masks[i] = mb.mask end
+    for _, mb in ipairs(mini.micro) do if not mb.dummy then masks[#masks + 1] = mb.mask end end
     local lcfg = {eps_low = rl.eps_low, eps_high = rl.eps_high, dual_clip = rl.dual_clip or nil,
                   reduction = rl.loss_reduction,
                   norm_length = rl.loss_reduction == 'seq-mean-token-sum-norm' and cfg.rollout.max_new_tokens or nil,
                   kl = (rl.kl_coef or 0) > 0 and not rl.kl_in_reward and {coef = rl.kl_coef, estimator = rl.kl_estimator}
                       or nil,
                   entropy_coef = rl.entropy_coef or 0, tis_cap = rl.tis_cap or nil}
-    local norm = loss.normaliser(masks, lcfg)
+    -- (data parallel: the global mini-batch's tokens or sequences; lunar.rl.parallel)
+    local norm = rlpar.normaliser(run.dp, masks, lcfg)
+    local dp = run.dp
     local want_entropy = true
     local total, sums, counts = 0, {}, {}
-    for _, mb in ipairs(mini.micro) do
+    for i, mb in ipairs(mini.micro) do
+        local last = i == #mini.micro
         lunar.scope(function() with_mask(model, mb, function()
             local dev = model:device()
             local out = forward(model, mb, {logprobs = true, entropy = want_entropy,
@@ -217,9 +227,23 @@ local function mini_step(run, mini, advantages_of, acc)
                     counts[k] = (counts[k] or 0) + (m.tokens or 1)
                 end
             end
+            if dp then dp:before_backward(last) end
             model:backward({dlogprobs = scatter(mb, grads.dlogprobs),
                             dentropy = grads.dentropy and scatter(mb, grads.dentropy) or nil})
+            if dp then dp:after_backward(last) end
         end) end)
+    end
+    -- the ranks' shares of the global loss and of the metrics' token-weighted sums, added up
+    if dp then
+        total = dp:sum(total)
+        for k in pairs(sums) do
+            if not METRIC_SET[k] then error('lunar.rl.loss.METRICS does not list the metric ' .. k) end
+        end
+        local flat = {}
+        for _, k in ipairs(loss.METRICS) do flat[#flat + 1] = sums[k] or 0; flat[#flat + 1] = counts[k] or 0 end
+        flat = {dp:sum(unpack(flat))}
+        for i, k in ipairs(loss.METRICS) do sums[k], counts[k] = flat[2 * i - 1], flat[2 * i] end
+        for k, c in pairs(counts) do if c == 0 then sums[k], counts[k] = nil, nil end end
     end
     local info = run.opt:step{loss = total, micro_batches = 1}
     run.opt:zero_grad()

@@ -27,6 +27,7 @@
 -- short), and one that kept none trains nothing (stats.kept = 0); both are in the metrics.
 local lunar = require 'lunar'
 local core = require 'lunar.core'
+local rlpar = require 'lunar.rl.parallel'
 
 local M = {}
 
@@ -37,20 +38,23 @@ local function seed_of(seed, step, round, i)
 end
 M.seed_of = seed_of
 
--- generate and score rl.n samples for each problem -> groups, generation stats
-local function round_of(run, problems, step, round)
+-- generate and score rl.n samples for each problem -> groups, generation stats. at[i]: the place
+-- of problems[i] in the round (its stream; data parallel generates a share of the round)
+local function round_of(run, problems, at, step, round)
     local cfg = run.cfg
     local rl, ro = cfg.rl, cfg.rollout
     local prompts = {}
-    for i, p in ipairs(problems) do prompts[i] = {ids = p.ids, seed = seed_of(ro.seed, step, round, i)} end
+    for i, p in ipairs(problems) do prompts[i] = {ids = p.ids, seed = seed_of(ro.seed, step, round, at[i])} end
     local t0 = lunar.clock()
-    local results = lunar.generate(run.model, prompts, {tokenizer = run.tok, n = rl.n,
-        max_new_tokens = ro.max_new_tokens, temperature = ro.temperature, top_k = ro.top_k, top_p = ro.top_p,
+    -- (a rank with no prompt of the round generates nothing, except under expert parallel, where
+    -- it takes part in the others' forwards)
+    local results = (#prompts > 0 or (run.dp and run.dp.ep)) and lunar.generate(run.model, prompts, {tokenizer = run.tok,
+        n = rl.n, max_new_tokens = ro.max_new_tokens, temperature = ro.temperature, top_k = ro.top_k, top_p = ro.top_p,
         min_p = ro.min_p, seed = ro.seed, stop_token_ids = run.stop_ids, routing = run.moe or nil,
-        max_batch = ro.max_batch})
+        max_batch = ro.max_batch}) or {}
     local seconds = lunar.clock() - t0
     local groups, tokens = {}, 0
-    for i, p in ipairs(problems) do groups[i] = {problem = p, samples = {}} end
+    for i, p in ipairs(problems) do groups[i] = {problem = p, samples = {}, at = at[i]} end
     local L_max, L_cache = ro.max_new_tokens, rl.overlong_buffer or 0
     local skipped = 0
     for _, res in ipairs(results) do
@@ -88,35 +92,53 @@ local function informative(g)
     return false
 end
 
--- collect(run, step) -> groups (rl.prompts of them, fewer when dynamic sampling ran out), stats
+-- collect(run, step) -> groups (rl.prompts of them, fewer when dynamic sampling ran out), stats.
+-- Data parallel (run.dp; lunar.rl.parallel): this rank's share of them, each with g.position its
+-- place among every rank's kept groups; the stats count every rank's groups, except gen_seconds,
+-- gen_tokens, reward_errors and all (this rank's), which the trainer adds up.
 function M.collect(run, step)
     local rl = run.cfg.rl
+    local dp = run.dp
     local stats = {rounds = 0, generated = 0, kept = 0, dropped = 0, gen_seconds = 0, gen_tokens = 0, short = 0,
-                   reward_errors = 0}
-    local kept = {}
+                   reward_errors = 0, all = {}}
+    local kept, nkept = {}, 0
     while true do
         stats.rounds = stats.rounds + 1
-        local problems = run.sampler:next(rl.prompts)
-        local groups, gs = round_of(run, problems, step, stats.rounds)
+        local problems = run.sampler:next(rl.prompts)          -- every rank draws the whole round
+        local at = rlpar.mine(dp, #problems, rl.mini_batches)
+        local mine = {}
+        for k, i in ipairs(at) do mine[k] = problems[i] end
+        local groups, gs = round_of(run, mine, at, step, stats.rounds)
         stats.gen_seconds, stats.gen_tokens = stats.gen_seconds + gs.seconds, stats.gen_tokens + gs.tokens
         stats.reward_errors = stats.reward_errors + gs.reward_errors
-        stats.generated = stats.generated + #groups
-        stats.all = stats.all or {}
+        stats.generated = stats.generated + #problems
+        -- which groups of the round teach something, every rank's, in round order
+        local flags = {}
+        for i = 1, #problems do flags[i] = 0 end
+        local held = {}
         for _, g in ipairs(groups) do
             stats.all[#stats.all + 1] = g
-            if not rl.dynamic_sampling or informative(g) then
-                if #kept < rl.prompts then kept[#kept + 1] = g end
+            flags[g.at], held[g.at] = informative(g) and 1 or 0, g
+        end
+        flags = rlpar.union(dp, flags, #problems)
+        for i = 1, #problems do
+            if not rl.dynamic_sampling or flags[i] == 1 then
+                if nkept < rl.prompts then
+                    nkept = nkept + 1
+                    local g = held[i]
+                    if g then g.position = nkept; kept[#kept + 1] = g end
+                end
             else
                 stats.dropped = stats.dropped + 1
             end
         end
-        if #kept >= rl.prompts then break end
+        if nkept >= rl.prompts then break end
         if rl.max_gen_batches > 0 and stats.rounds >= rl.max_gen_batches then
-            stats.short = rl.prompts - #kept
+            stats.short = rl.prompts - nkept
             break
         end
     end
-    stats.kept = #kept
+    stats.kept = nkept
     return kept, stats
 end
 

@@ -17,6 +17,10 @@
 -- later steps are bit-identical to the uninterrupted run's (timings aside).
 --
 -- The learning-rate schedule counts optimizer steps: train.steps x rl.epochs x rl.mini_batches.
+--
+-- Under mpirun the step's prompts are split over the data-parallel ranks and the model over
+-- parallel.tp / ep / etp as the training recipes split it (lunar.rl.parallel: each rank generates
+-- and trains its share; lunar.generate runs on the split model); rank 0 prints and writes.
 local lunar = require 'lunar'
 local core = require 'lunar.core'
 local checkpoint = require 'lunar.train.checkpoint'
@@ -29,6 +33,10 @@ local rollout = require 'lunar.rl.rollout'
 local advantages = require 'lunar.rl.advantages'
 local rlbatch = require 'lunar.rl.batch'
 local policy = require 'lunar.rl.policy'
+local rlpar = require 'lunar.rl.parallel'
+local data_parallel = require 'lunar.train.data_parallel'
+local sharded = require 'lunar.model.sharded'
+local dist = require 'lunar.dist'
 
 local fs = core.fs
 local user_error = core.user_error
@@ -53,15 +61,20 @@ end
 
 local function setup(cfg)
     if cfg.threads then lunar.threads(cfg.threads) end
+    -- several ranks: the step's prompts split over dp, the model over tp / ep / etp
+    -- (lunar.rl.parallel); rank 0 prints and writes the run's files
+    local dp = data_parallel.setup(cfg)
+    if dp and not dp:is_main() then cfg.quiet, cfg.silent = true, true end
     local model_setting = cfg.model.path and ('model.path=' .. cfg.model.path) or 'model.config'
     local mcfg = setting_error(model_setting, base.model_config, cfg)
+    if dp and dp.ep then base.check_expert_parallel(cfg, mcfg, dp) end
     local need = cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens
     if mcfg.max_position_embeddings and need > mcfg.max_position_embeddings then
         user_error(('rollout.max_prompt_len + rollout.max_new_tokens = %d is longer than the model\'s '
             .. 'max_position_embeddings=%d'):format(need, mcfg.max_position_embeddings))
     end
-    base.check_writable(cfg)
-    local run = {cfg = cfg, mcfg = mcfg}
+    if not dp or dp:is_main() then base.check_writable(cfg) end
+    local run = {cfg = cfg, mcfg = mcfg, dp = dp}
     run.tok = setting_error('tokenizer=' .. cfg.tokenizer, lunar.tokenizer.load, cfg.tokenizer)
     run.reward = rewards.get(cfg.rl.reward, {on_error = cfg.rl.on_reward_error})
     local d = cfg.data
@@ -78,25 +91,32 @@ local function setup(cfg)
     run.sampler = prompts.sampler(run.problems, {seed = d.seed, shuffle = d.shuffle ~= false})
 
     run.cm = checkpoint.manager{dir = cfg.checkpoint.dir, every = cfg.checkpoint.every,
-                                keep_last = cfg.checkpoint.keep_last}
+                                keep_last = cfg.checkpoint.keep_last, group = dp and dist.world(),
+                                quiet = dp and not dp:is_main() or nil}
     local st = setting_error('checkpoint.resume=' .. cfg.checkpoint.resume, base.find_checkpoint, cfg, run.cm)
+    if dp then dp:check_same_checkpoint(st) end
     if st then base.check_resumed_recipe(cfg, st) end
+    if st then base.check_resumed_layout(cfg, st, dp) end
     run.st = st
     run.model = setting_error(st and not cfg.peft and ('the checkpoint ' .. st.model_dir) or model_setting,
-        base.build_model, cfg, st and st.model_dir)
+        base.build_model, cfg, st and st.model_dir, dp)
     local params = run.model.params
     if cfg.peft then
         if st then
-            run.adapters = setting_error('the checkpoint ' .. st.model_dir, lunar.peft.load, run.model, st.model_dir)
+            -- (expert parallel: the adapters of the experts this rank does not hold stay in the file)
+            run.adapters = setting_error('the checkpoint ' .. st.model_dir, lunar.peft.load, run.model, st.model_dir,
+                {skip = dp and dp.ep and data_parallel.is_expert or nil})
             if st.extra and st.extra.lora_rng then run.adapters:set_rng_state(st.extra.lora_rng) end
         else
             run.adapters = setting_error('peft', lunar.peft.apply, run.model, cfg.peft)
         end
         params = run.adapters.params
+        if dp and dp.ep then dp:check_adapters(run.adapters, mcfg.n_routed_experts / dp.ep:size()) end
     end
     -- the reference policy of the KL term: the base under the adapters, or the starting weights
+    -- (split as the policy is)
     if (cfg.rl.kl_coef or 0) > 0 then
-        if not cfg.peft then run.ref_model = base.build_model(cfg) end
+        if not cfg.peft then run.ref_model = base.build_model(cfg, nil, dp) end
         run.ref_policy = policy.reference(run)
     end
     run.stop_ids = stop_ids(run.model, run.tok)
@@ -111,14 +131,26 @@ local function setup(cfg)
 
     local o, rl = cfg.optim, cfg.rl
     local per_step = rl.epochs * rl.mini_batches
-    run.opt = lunar.optim.AdamW.new(params, {
+    local adamw_opts = {
         lr = o.lr, betas = o.betas, eps = o.eps, weight_decay = o.weight_decay, no_decay = o.no_decay,
         clip = o.clip_grad, accum = 1,
         schedule = {warmup = (o.warmup or 0) * per_step, total = cfg.train.steps * per_step, decay = o.schedule,
-                    min_lr = o.min_lr}})
+                    min_lr = o.min_lr}}
+    if dp then
+        run.opt = dp:optimizer(params, run.model, adamw_opts)
+        dp:report(cfg, run.model.params, run.opt, log, run.model)
+        log(cfg, '  rl: each step\'s %d prompts split over the %d dp ranks (%s a rank)', rl.prompts, dp.size,
+            rl.prompts % dp.size == 0 and tostring(rl.prompts / dp.size) or 'about ' .. math.floor(rl.prompts / dp.size))
+    else
+        run.opt = lunar.optim.AdamW.new(params, adamw_opts)
+    end
     run.start = 0
     if st then
-        run.opt:load_state_dict(st.optimizer)
+        if run.opt.shard_state then
+            run.opt:load_state_dict(st.optimizer, {shard = checkpoint.load_shard(st, dp.world_rank)})
+        else
+            run.opt:load_state_dict(st.optimizer)
+        end
         local ok, err = pcall(run.sampler.set_state, run.sampler, st.data)
         if not ok then
             if not cfg.checkpoint.allow_changes then user_error(('resuming %s: %s'):format(st.dir, strip_where(err))) end
@@ -133,64 +165,71 @@ end
 
 -- ---- evaluation and checkpoints ------------------------------------------------------------------
 
--- greedy accuracy of the policy on data.valid (graded by rl.reward)
+-- greedy accuracy of the policy on data.valid (graded by rl.reward); data parallel: each dp rank
+-- generates every dp-th problem (the tp members of a group the same ones) and the counts add up
 local function evaluate(run)
     if run.adapters then run.adapters:eval() end
-    local list = {}
-    for i, p in ipairs(run.valid) do list[i] = p.ids end
-    local res = lunar.scope(function()
+    local dp = run.dp
+    local list, problems = {}, {}
+    for i, p in ipairs(run.valid) do
+        if not dp or (i - 1) % dp.size == dp.rank then list[#list + 1] = p.ids; problems[#problems + 1] = p end
+    end
+    -- (expert parallel: a rank with no problem still takes part in the others' forwards)
+    local res = (#list > 0 or (dp and dp.ep)) and lunar.scope(function()
         return lunar.generate(run.model, list, {tokenizer = run.tok, max_new_tokens = run.cfg.rollout.max_new_tokens,
             temperature = 0, stop_token_ids = run.stop_ids, max_batch = run.cfg.rollout.max_batch})
-    end)
+    end) or {}
     if run.adapters then run.adapters:train() end
     local correct, len = 0, 0
     for _, r in ipairs(res) do
-        local p = run.valid[r.prompt]
+        local p = problems[r.prompt]
         local got = run.reward(r.text or '', p.gold, {prompt = p.index, sample = 1, problem = p})
         if got and got.correct then correct = correct + 1 end
         len = len + #r.ids
     end
-    return correct / #res, len / #res
+    correct, len = rlpar.sum(dp, correct, len)
+    return correct / #run.valid, len / #run.valid
 end
 
+-- every rank calls it (data parallel: the model's pieces or the gathered adapters are collective)
 local function save_checkpoint(run, step, m)
     local cfg, t0 = run.cfg, lunar.clock()
+    local cp = base.checkpoint_model(run)
     local dir, info = run.cm:save(step, {
-        save_model = function(dir)
-            if run.adapters then lunar.peft.save(run.model, dir, {lora_dropout = cfg.peft.dropout or 0, merged = false})
-            else run.model:save_hf(dir, {keep_dtype = true}) end
-        end,
+        save_model = cp.save_model,
         optimizer = run.opt:state_dict(), data = run.sampler:state(), metrics = m:counts(),
-        extra = {lora_rng = run.adapters and run.adapters:rng_state() or nil, recipe = recipe_diff.snapshot(cfg)}})
+        extra = {lora_rng = run.adapters and run.adapters:rng_state() or nil, recipe = recipe_diff.snapshot(cfg),
+                 parallel = cp.parallel}},
+        cp.shard, cp.pieces)
     m:note(('checkpoint step %d: %s (%s, %.1f s)'):format(step, dir, base.mib(info.bytes), lunar.clock() - t0))
 end
 
 -- ---- one step -----------------------------------------------------------------------------------
 
-local function mean_std(list)
-    local n, s, ss = #list, 0, 0
-    for _, v in ipairs(list) do s = s + v end
-    local mean = n > 0 and s / n or 0
-    for _, v in ipairs(list) do ss = ss + (v - mean) ^ 2 end
-    return mean, n > 1 and math.sqrt(ss / (n - 1)) or 0
-end
-
--- what the generated samples say: reward, accuracy, lengths (over every sample of the step)
-local function rollout_stats(all, max_new)
-    local rewards_, correct, lens, clipped, maxlen = {}, 0, 0, 0, 0
+-- what the generated samples say: reward, accuracy, lengths (over every sample of the step, of
+-- every dp rank)
+local function rollout_stats(all, max_new, dp)
+    local n, sum, sumsq, correct, lens, clipped, maxlen = 0, 0, 0, 0, 0, 0, 0
     for _, g in ipairs(all) do
         for _, s in ipairs(g.samples) do
-            rewards_[#rewards_ + 1] = s.reward
+            n, sum = n + 1, sum + s.reward
             if s.correct then correct = correct + 1 end
             lens = lens + #s.ids
             if #s.ids > maxlen then maxlen = #s.ids end
             if s.finish_reason == 'length' or #s.ids >= max_new then clipped = clipped + 1 end
         end
     end
-    local n = math.max(#rewards_, 1)
-    local mean, std = mean_std(rewards_)
-    return {reward_mean = mean, reward_std = std, accuracy = correct / n, response_len_mean = lens / n,
-            response_len_max = maxlen, response_clip_frac = clipped / n}
+    n, sum, correct, lens, clipped = rlpar.sum(dp, n, sum, correct, lens, clipped)
+    maxlen = rlpar.max(dp, maxlen)
+    local mean = n > 0 and sum / n or 0
+    -- the spread about the global mean (a second pass, as one rank computes it)
+    for _, g in ipairs(all) do
+        for _, s in ipairs(g.samples) do sumsq = sumsq + (s.reward - mean) ^ 2 end
+    end
+    sumsq = rlpar.sum(dp, sumsq)
+    local m = math.max(n, 1)
+    return {reward_mean = mean, reward_std = n > 1 and math.sqrt(sumsq / (n - 1)) or 0, accuracy = correct / m,
+            response_len_mean = lens / m, response_len_max = maxlen, response_clip_frac = clipped / m}
 end
 
 -- each sample's advantage from the rewards of its group (the shaped rewards)
@@ -215,9 +254,11 @@ local function run_step(run, step)
     local t0 = lunar.clock()
     local groups, gen = rollout.collect(run, step)                        -- generate, score, filter
     local t_gen = lunar.clock()
-    local minis = rlbatch.build(groups, {mini_batches = math.min(rl.mini_batches, math.max(#groups, 1)),
-        micro_batch = rl.micro_batch, routing = run.moe, replay = rl.routing_replay, share_prompts = rl.share_prompts,
-        experts_per_token = run.mcfg.num_experts_per_tok, moe_layers = run.moe_layers})
+    local bopts = {mini_batches = math.min(rl.mini_batches, math.max(gen.kept, 1)), total = gen.kept,
+        keep_empty = run.dp ~= nil, micro_batch = rl.micro_batch, routing = run.moe, replay = rl.routing_replay,
+        share_prompts = rl.share_prompts, experts_per_token = run.mcfg.num_experts_per_tok, moe_layers = run.moe_layers}
+    local minis = gen.kept > 0 and rlbatch.build(groups, bopts) or {}
+    rlpar.pad(run.dp, minis, function() return rlbatch.dummy(bopts) end) -- every rank as many micro-batches
     local old = policy.old_logprobs(run, minis)                            -- reference and old logprobs, once
     if rl.kl_in_reward and run.ref_policy then policy.kl_into_rewards(minis, rl) end
     assign_advantages(groups, rl)                                          -- per sample, within its group
@@ -225,8 +266,10 @@ local function run_step(run, step)
     local t_old = lunar.clock()
     local upd = #minis > 0 and policy.update(run, minis, function(mb) return mb.advantages end, old) or {}
     local t_end = lunar.clock()
-    old = policy.stats(old)
-    local rs = rollout_stats(gen.all, cfg.rollout.max_new_tokens)
+    old = policy.stats(old, run.dp)
+    local rs = rollout_stats(gen.all, cfg.rollout.max_new_tokens, run.dp)
+    gen.gen_tokens, gen.reward_errors = rlpar.sum(run.dp, gen.gen_tokens, gen.reward_errors)
+    gen.gen_seconds = rlpar.max(run.dp, gen.gen_seconds)
     local extra = {reward_mean = rs.reward_mean, reward_std = rs.reward_std, accuracy = rs.accuracy,
         response_len_mean = rs.response_len_mean, response_len_max = rs.response_len_max,
         response_clip_frac = rs.response_clip_frac, logprob_gap = old.gap, logprob_gap_max = old.gap_max,
@@ -258,11 +301,16 @@ function M.run(cfg)
         result.finished = true
         return result
     end
-    local m = metrics_mod.new{dir = cfg.metrics.dir, total_steps = cfg.train.steps, start_step = run.start,
+    local dp = run.dp
+    local main = not dp or dp:is_main()
+    local memory = run.model:device() ~= 'cpu' and run.model:device() or nil
+    local m = main and metrics_mod.new{dir = cfg.metrics.dir, total_steps = cfg.train.steps, start_step = run.start,
         warmup_steps = cfg.metrics.warmup_steps, progress = (not cfg.quiet) and cfg.metrics.progress,
         log_every = cfg.train.log_every, counts = run.st and run.st.metrics or nil, summary = true,
-        memory = run.model:device() ~= 'cpu' and run.model:device() or nil,
-        tensorboard = cfg.metrics.tensorboard == false and false or nil}
+        memory = memory, tensorboard = cfg.metrics.tensorboard == false and false or nil}
+        -- the other ranks of a data-parallel run keep the counts only (rank 0 logs the global numbers)
+        or metrics_mod.new{total_steps = cfg.train.steps, start_step = run.start, progress = false, summary = false,
+            counts = run.st and run.st.metrics or nil, memory = memory}
     local function eval_now(step)
         if not run.valid then return end
         local acc, len = evaluate(run)
@@ -286,6 +334,8 @@ function M.run(cfg)
             local every = cfg.train.eval_every
             if every > 0 and step % every == 0 and step < cfg.train.steps then eval_now(step) end
             local signal = core.signal.stop_requested()
+            -- data parallel: a signal stops every rank at the same step
+            if dp and dp:any(signal) then signal = signal or 'a signal to another rank' end
             if run.cm:due(step, step == cfg.train.steps) or signal then save_checkpoint(run, step, m) end
             if signal then stop = {step = step, why = 'stopped by ' .. signal} break end
             if cfg.stop_after and step >= cfg.stop_after then result.stopped_early = step < cfg.train.steps break end
@@ -302,7 +352,11 @@ function M.run(cfg)
         user_error(('%s at step %d of %d; the checkpoint %s/%s holds it: run the same command again to resume')
             :format(stop.why, stop.step, cfg.train.steps, cfg.checkpoint.dir, checkpoint.step_name(stop.step)))
     end
-    if not result.stopped_early then base.save_output(cfg, run.model, run.adapters) end
+    if not result.stopped_early then
+        -- a split model is gathered as it is written, by every rank (lunar.train.export)
+        local out_model, written = base.write_final(run)
+        if main then base.save_output(cfg, out_model, run.adapters, written) end
+    end
     if #result.evals >= 2 then
         local first, last = result.evals[1], result.evals[#result.evals]
         log(cfg, 'greedy accuracy on data.valid: %.1f%% at step %d -> %.1f%% at step %d', 100 * first.accuracy,

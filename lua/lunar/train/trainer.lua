@@ -356,11 +356,6 @@ local function check_expert_parallel(cfg, mcfg, dp)
         user_error(('parallel.ep=%d does not divide the model\'s %d routed experts (n_routed_experts): choose an ep '
             .. 'that divides %d'):format(ep, E, E))
     end
-    if cfg.benchmark and cfg.benchmark.every > 0 then
-        user_error(('%s with benchmark.every=%d: generation with the experts spread is not implemented in '
-            .. 'this version of lunar (rank 0 would generate alone); set benchmark.every=0 and evaluate the written '
-            .. 'model with recipes/eval.lua'):format(what, cfg.benchmark.every))
-    end
     if cfg.peft and (cfg.peft.dropout or 0) > 0 then
         -- each rank runs its experts' adapters on other ranks' rows: the dropout draws would follow
         -- neither one rank's stream nor survive a resume
@@ -546,22 +541,24 @@ local function benchmark(r, m, step)
         text[#text + 1] = ('%s avg@%d %.4f'):format(e.dataset, e.n, e.avg)
     end
     table.sort(list, function(a, b) return a[1] < b[1] end)
+    if not m then return end
     m:log_scalars(step, list)
     m:note(('benchmark step %d | %s'):format(step, table.concat(text, ' | ')))
 end
 
-local function save_checkpoint(r, step, m)
-    local cfg, t0 = r.cfg, lunar.clock()
-    -- a model split by tp, ep or etp is written as each rank's pieces and a manifest
-    -- (lunar.model.sharded: no rank gathers it); the LoRA adapters are gathered whole (every ep
-    -- group its experts', every tp group its blocks, the base model not at all) and rank 0 writes them
+-- what a checkpoint of run r ({cfg, model, adapters, dp, opt}) writes of the model, and the
+-- layout it records. A model split by tp, ep or etp is written as each rank's pieces and a
+-- manifest (lunar.model.sharded: no rank gathers it); the LoRA adapters are gathered whole (every
+-- ep group its experts', every tp group its blocks, the base model not at all) and rank 0 writes
+-- them. Collective under data parallel (every rank calls it, in step).
+local function checkpoint_model(r)
+    local cfg = r.cfg
     local pieces = r.dp and not r.adapters and (r.dp.tp or r.dp.ep) and
         sharded.shard_tensors(r.model, r.dp.layout.plan, dist.rank()) or nil
     local model = r.model
     if r.dp and r.adapters then model = r.dp:adapters_view(r.model)
     elseif r.dp and not pieces then model = r.dp:gathered_model(r.model) end
-    local counts = m:counts()
-    local dir, info = r.cm:save(step, {
+    return {
         save_model = function(dir)
             -- the checkpoint keeps the real dropout (PEFT's own files may say 0, see peft.save)
             -- (what PEFT cannot apply is reported and merged for the final output, not each checkpoint)
@@ -569,14 +566,25 @@ local function save_checkpoint(r, step, m)
             elseif pieces then sharded.write_manifest(r.model, dir, r.dp.layout.plan)
             else model:save_hf(dir, {keep_dtype = true}) end
         end,
+        pieces = pieces,
+        shard = r.opt.shard_state and r.opt:shard_state() or nil,
+        parallel = r.dp and {dp = r.dp.size, distributed_optimizer = r.dp.distributed,
+                             ep = r.dp.ep and r.dp.ep:size() or nil, tp = r.dp.tp and r.dp.tp:size() or nil,
+                             etp = r.dp.etp and r.dp.etp:size() or nil} or nil,
+    }
+end
+
+local function save_checkpoint(r, step, m)
+    local cfg, t0 = r.cfg, lunar.clock()
+    local cp = checkpoint_model(r)
+    local counts = m:counts()
+    local dir, info = r.cm:save(step, {
+        save_model = cp.save_model,
         optimizer = r.opt:state_dict(), data = r.loader:state(),
         metrics = {loss = r.last_loss, skipped_steps = counts.skipped_steps, nan_steps = counts.nan_steps},
         extra = {lora_rng = r.adapters and r.adapters:rng_state() or nil, recipe = recipe_diff.snapshot(cfg),
-                 parallel = r.dp and {dp = r.dp.size, distributed_optimizer = r.dp.distributed,
-                                      ep = r.dp.ep and r.dp.ep:size() or nil, tp = r.dp.tp and r.dp.tp:size() or nil,
-                                      etp = r.dp.etp and r.dp.etp:size() or nil}
-                                  or nil}},
-        r.opt.shard_state and r.opt:shard_state() or nil, pieces)
+                 parallel = cp.parallel}},
+        cp.shard, cp.pieces)
     r.saved_step = step
     m:note(('checkpoint step %d: %s (%s, %.1f s)'):format(step, dir, mib(info.bytes), lunar.clock() - t0))
     return dir
@@ -661,8 +669,13 @@ function M.run(cfg)
             local loss, n = evaluate(r)
             m:log_eval(step, {loss = loss, ppl = math.exp(loss), tokens = n})
         end
+        -- (a model split by tp / ep / etp generates on every rank together, each rank the whole
+        -- benchmark: lunar.generate.parallel; rank 0 logs it)
         local bm = cfg.benchmark
-        if bm and bm.every > 0 and (step % bm.every == 0 or step == cfg.train.steps) and main then benchmark(r, m, step) end
+        local split = r.dp and (r.dp.tp or r.dp.ep)
+        if bm and bm.every > 0 and (step % bm.every == 0 or step == cfg.train.steps) and (main or split) then
+            benchmark(r, main and m or nil, step)
+        end
     end
     local stop, in_a_row = nil, 0
     core.signal.catch_stop()
@@ -724,6 +737,8 @@ end
 -- what the RL trainer (lunar.rl.trainer) shares with this one
 M.setup_parts = {model_config = model_config, build_model = build_model, check_writable = check_writable,
                  find_checkpoint = find_checkpoint, check_resumed_recipe = check_resumed_recipe,
+                 check_resumed_layout = check_resumed_layout, check_expert_parallel = check_expert_parallel,
+                 checkpoint_model = checkpoint_model, write_final = write_final,
                  save_output = save_output, log = log, mib = mib, loss_fall = loss_fall}
 
 -- ---- the plan -----------------------------------------------------------------------------------
