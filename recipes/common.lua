@@ -495,19 +495,9 @@ end
 -- = 1; docs/parallel.md). A layout that does not fit the number of ranks, and the parallel
 -- degrees not implemented yet (pipeline, context, virtual pipeline), refuse on every rank before
 -- any work, naming the numbers.
--- the recipe kinds whose trainer runs data parallel over several ranks (lunar.train.trainer,
--- and lunar.rl.trainer with lunar.rl.parallel)
-M.DATA_PARALLEL_KINDS = {pretrain = true, sft = true, lora = true, grpo = true, dapo = true}
-
 function M.check_runnable(cfg)
     local env = lunar.dist.env()
     local h, p = cfg.hardware, cfg.parallel
-    if env.size > 1 and not M.DATA_PARALLEL_KINDS[cfg.kind] then
-        user_error(('recipe %s: started as %d ranks, but multi-rank training is not implemented for %s recipes in this '
-            .. 'version of lunar (the pretrain, sft and lora recipes run data parallel): every rank would train the same '
-            .. 'copy of the run and write the same files. Run it as one process (without mpirun)'):format(cfg.name,
-            env.size, tostring(cfg.kind)))
-    end
     local n = math.max(1, h.nodes * math.max(h.gpus_per_node, 1))
     if n > 1 and n ~= env.size then
         user_error(('recipe %s describes a %d-GPU job (%d node%s x %d %s; TP%d PP%d CP%d EP%d) but runs as %d rank%s: '

@@ -318,6 +318,14 @@ M.glm4_config = {
 }
 
 -- a small sft recipe (real data) under dir, with overrides
+-- b's settings over a's (nested tables merged, lists replaced); returns a
+function M.merge(a, b)
+    for k, v in pairs(b or {}) do
+        if type(v) == 'table' and type(a[k]) == 'table' and #v == 0 then M.merge(a[k], v) else a[k] = v end
+    end
+    return a
+end
+
 function M.recipe(dir, extra)
     local o = {quiet = true, expect_loss_fall = false,
         data = {limit = 64, seq_len = 256, micro_batch = 2, max_rejected = 0.5},
@@ -325,13 +333,7 @@ function M.recipe(dir, extra)
         checkpoint = {dir = dir .. '/ckpt', every = 100, keep_last = 3},
         metrics = {dir = dir, tensorboard = false}, output = {dir = dir .. '/final'},
         parallel = {bucket_mb = 1}}
-    local function merge(a, b)
-        for k, v in pairs(b or {}) do
-            if type(v) == 'table' and type(a[k]) == 'table' and #v == 0 then merge(a[k], v) else a[k] = v end
-        end
-        return a
-    end
-    return merge(o, extra)
+    return M.merge(o, extra)
 end
 
 -- the sft recipe (or extra.kind's: M.recipe under dir, with extra) on this rank alone: the

@@ -1,7 +1,7 @@
 -- np: 4
 -- Data parallel on 4 ranks: one step equals one rank's on the whole global batch (distributed
 -- optimizer on and off), and the distributed optimizer's state on each rank is a quarter of one
--- rank's, counted from the tensors.
+-- rank's, counted from the tensors; the peak memory logged is the largest of any rank's.
 local lunar = require 'lunar'
 local common = dofile('tests/mpi/common.lua')
 local dpc = dofile('tests/mpi/dp_common.lua')
@@ -45,6 +45,20 @@ end)
 T:test('one step at dp=4, distributed optimizer off, equals one rank', function()
     local m = dpc.one_step(T, false, 1)
     T.equal(m.optimizer:state_bytes(), m.reference:state_bytes(), 'a whole copy of the state on every rank')
+end)
+
+T:test('the peak memory a data-parallel run logs is the largest of any rank\'s', function()
+    local metrics = require 'lunar.train.metrics'
+    local dp = require('lunar.train.data_parallel').setup({parallel = {}})
+    if d.rank() == 3 then   -- rank 3 touches 256 MiB more than the others
+        local t = lunar.empty({64, 2 ^ 20}, {dtype = 'f32'}):fill_(1)
+        t:free()
+    end
+    local mine = metrics.process_peak_bytes()
+    local all = d.all_gather(lunar.tensor({mine}, 'f64')):tolist_flat()
+    local most = math.max(unpack(all))
+    T.equal(dp:peak_memory('cpu'), most, 'the largest peak of the 4 ranks')
+    assert(all[4] > all[1] + 200 * 2 ^ 20, 'rank 3 peaked higher')
 end)
 
 os.exit(T:run())

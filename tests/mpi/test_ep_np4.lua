@@ -118,10 +118,13 @@ T:test('stopped after a checkpoint and resumed at ep=2 x dp=2: bit-identical los
                 end
             end
         end
-        -- another ep does not resume its optimizer state
-        T.raises(function() recipes.run('sft', dpc.recipe(dir .. '/cut', {train = {steps = 8}, checkpoint = {every = 3},
-            data = {micro_batch = 1}, parallel = {ep = 4, distributed_optimizer = dopt}})) end,
-            'was written with parallel.ep=2, this run has parallel.ep=4')
+        -- the replicated optimizer's state is not read into another layout (the distributed one's
+        -- is: tests/mpi/test_reshard_np4.lua)
+        if not dopt then
+            T.raises(function() recipes.run('sft', dpc.recipe(dir .. '/cut', {train = {steps = 8}, checkpoint = {every = 3},
+                data = {micro_batch = 1}, parallel = {ep = 4, distributed_optimizer = dopt}})) end,
+                'the replicated optimizer\'s state (parallel.distributed_optimizer=false) is not resharded')
+        end
         d.barrier()
         if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
     end

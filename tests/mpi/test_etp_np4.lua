@@ -70,9 +70,6 @@ T:test('20 steps of the tiny SFT recipe at ep=2 x etp=2 give the losses of one r
     -- stop after step 5 (its last checkpoint is step 3), resume: steps 4-8 as the uninterrupted run
     local ck = {train = {steps = 8}, checkpoint = {every = 3}, data = {micro_batch = 1}, parallel = {ep = 2, etp = 2}}
     dpc.stop_and_resume(T, 'sft', dir, ck, recipes.run('sft', dpc.recipe(dir .. '/whole', ck)))
-    -- another etp does not resume its optimizer state
-    T.raises(function() recipes.run('sft', dpc.recipe(dir .. '/cut', {train = {steps = 8}, checkpoint = {every = 3},
-        data = {micro_batch = 1}, parallel = {ep = 2}})) end, 'was written with parallel.etp=2, this run has parallel.etp=1')
     d.barrier()
     if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
 end)

@@ -244,8 +244,6 @@ T:test('20 steps of the tiny SFT recipe at tp=2 give the losses of one rank; sto
     local over = {train = {steps = 8}, checkpoint = {every = 3}, parallel = {tp = 2}}
     local whole = recipes.run('sft', dpc.recipe(dir .. '/whole', over))
     dpc.stop_and_resume(T, 'sft', dir, over, whole)
-    T.raises(function() dpc.single(dir .. '/cut', {train = {steps = 8}, checkpoint = {every = 3}}) end,
-        'was written with parallel.tp=2, this run has parallel.tp=1')
     d.barrier()
     if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
 end)

@@ -185,8 +185,6 @@ T:test('tp=2 x ep=2 checkpoints: the written model is the one-rank file byte for
         os.remove(dir .. '/broken/rank_00001.safetensors')
         T.raises(function() lunar.model.load(dir .. '/broken') end, 'lists rank_00001.safetensors, which is missing')
     end
-    T.raises(function() recipes.run('sft', dpc.recipe(dir .. '/cut', {train = {steps = 8}, checkpoint = {every = 3},
-        parallel = {tp = 2, ep = 4}})) end, 'was written with parallel.ep=2, this run has parallel.ep=4')
     d.barrier()
     if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
 end)

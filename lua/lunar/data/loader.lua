@@ -186,8 +186,12 @@ function Loader:state()
     return {version = 1, epoch = self.epoch, row = self.row, step = self.step, config = cfg}
 end
 
+-- what must match for a saved position to mean the same rows. The position counts rows of the
+-- whole epoch's plan (every rank's), so micro_batch and dp_size may differ: the batches go on
+-- from the same row (a run resumed in another layout; its global batch is micro_batch x dp_size
+-- rows per call then)
 local CONFIG_KEYS = {'seed', 'shuffle', 'seq_len', 'pad_to_multiple', 'overlong', 'packing', 'pack_buffer', 'pad_id',
-    'micro_batch', 'dp_size', 'documents', 'tokens'}
+    'documents', 'tokens'}
 
 function Loader:set_state(s)
     if type(s) ~= 'table' or s.version ~= 1 then fail('loader:set_state: not a loader state (version 1)') end

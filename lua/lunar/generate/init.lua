@@ -215,11 +215,6 @@ function M.run(model, prompts, opts)
         reqs[i] = {index = i, ids = ids, params = params, seed = seed}
         longest = math.max(longest, #ids)
     end
-    if par and par.tp then
-        local lists, what = {}, {max_new, nsamp, opts.temperature or 0, opts.top_k or 0, opts.top_p or 1, opts.min_p or 0}
-        for i, r in ipairs(reqs) do lists[i] = r.ids; what[#what + 1] = r.seed or '-' end
-        gpar.same_requests(par, lists, table.concat(what, ','))
-    end
     local stop_set = stop_ids(model, opts, tok, any_chat)
 
     -- the cache: every sequence up to the model's context, at most max_batch of them at once
@@ -238,6 +233,18 @@ function M.run(model, prompts, opts)
         local plan = Cache.plan(model, {budget_bytes = 2 ^ 50, block_size = block, max_seq_len = need_len})
         local per_seq = math.ceil(need_len / block) * block * plan.bytes_per_token
         budget = plan.overhead_bytes + per_seq * math.max(1, math.min(max_batch, #reqs * nsamp))
+    end
+    if par and par.tp then
+        -- (everything that decides the batches and the tokens: the members must form the same ones)
+        local lists, what = {}, {max_new, nsamp, opts.temperature or 0, opts.top_k or 0, opts.top_p or 1, opts.min_p or 0,
+            max_batch, block, budget, opts.routing and 1 or 0, opts.processed_logprobs and 1 or 0}
+        for i, r in ipairs(reqs) do lists[i] = r.ids; what[#what + 1] = r.seed or '-' end
+        for _, st in ipairs(stops) do what[#what + 1] = st end
+        local ids = {}
+        for t in pairs(stop_set) do ids[#ids + 1] = t end
+        table.sort(ids)
+        for _, t in ipairs(ids) do what[#what + 1] = t end
+        gpar.same_requests(par, lists, table.concat(what, ','))
     end
     local cache = Cache.new(model, {budget_bytes = budget, block_size = block, max_seq_len = need_len})
     if opts.quiet == false then print('[lunar] generate: ' .. cache:summary()) end

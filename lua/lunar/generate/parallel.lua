@@ -5,8 +5,8 @@
 --   local par = gpar.of(model)            -- nil on a whole model
 --   gpar.same_requests(par, ids_lists, params_text)   -- tp members were given the same requests
 --   local whole = gpar.logits(par, logits)             -- (B, V) the same bits on every tp member
---   local n = gpar.agree(par, k)                       -- the most forwards any rank runs now
---   gpar.empty_forward(model)                          -- a forward of no rows (the MoE layers)
+--   local most = gpar.agree(par, {a, b})               -- each number's largest over the ranks
+--   gpar.empty_forward(model, par)                     -- a forward of no rows (the MoE layers)
 --
 -- Tensor parallel: the members of a tp group hold the same sequences and run every forward
 -- together; the attention's and MLP's partial sums are all-reduced (lunar.generate.decode), the

@@ -28,7 +28,8 @@
 -- flattened parameter); shard_state() is this rank's tensors (exp_avg.<name>, exp_avg_sq.<name>,
 -- master.<name> of its pieces, step.<name> their update counts), written to a file of its own.
 -- load_state_dict(sd, {shard = tensors}) takes both back; the manifest must describe this
--- layout (resharding to another dp size is not supported yet, and is refused naming both).
+-- layout. In another layout (dp, tp, ep, etp) lunar.optim.reshard reads the shards instead,
+-- through the places shard_state writes beside each piece.
 local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local ops = require 'lunar.ops'
@@ -68,6 +69,9 @@ function M.new(store, buffer, o)
     setmetatable(self, Dist)
     self.buffer = buffer
     self.group = buffer.group
+    -- where each parameter's block sits in the whole tensor ({name = {dim =, start =, len =}} of
+    -- the ones split by tp or etp): written with the shards so that another layout can read them
+    self.slices = o.slices or {}
     self.pieces = pieces_of(buffer, buffer.rank)
     for _, pc in ipairs(self.pieces) do
         pc.param = pc.entry.param:view(pc.entry.numel):narrow(1, pc.start + 1, pc.len)
@@ -193,9 +197,12 @@ function Dist:state_dict()
 end
 
 -- this rank's tensors: {['exp_avg.<name>'] =, ['exp_avg_sq.<name>'] =, ['master.<name>'] =,
--- ['step.<name>'] = (1) i64}
+-- ['step.<name>'] = (1) i64, ['place.<name>'] = the piece in global coordinates
+-- (lunar.optim.reshard.place: what another layout needs to read it)}
 function Dist:shard_state()
+    local reshard = require 'lunar.optim.reshard'
     local tensors = {}
+    local buffer_id = reshard.buffer_id(self.group)
     for _, pc in ipairs(self.pieces) do
         local st = self.state[pc.name]
         if st then
@@ -203,6 +210,8 @@ function Dist:shard_state()
             tensors['exp_avg_sq.' .. pc.name] = st.exp_avg_sq
             if st.master then tensors['master.' .. pc.name] = st.master end
             tensors['step.' .. pc.name] = core.from_flat({st.step}, {1}, 'i64', 'cpu')
+            tensors['place.' .. pc.name] = reshard.place(pc.start, pc.len, pc.entry.param:size(),
+                self.slices[pc.name], buffer_id)
         end
     end
     return tensors
@@ -237,15 +246,22 @@ function Dist:load_state_dict(sd, o)
     end
     local why = layout_difference(sd.scalars.distributed, self:manifest(), self.buffer.rank, o.names_differ)
     if why then
-        fail(('the optimizer state cannot be loaded into this layout: %s. Resharding the distributed optimizer\'s '
-            .. 'state to another data-parallel size is not supported yet: resume with the same number of ranks, '
-            .. 'or set checkpoint.resume=none'):format(why))
+        fail(('the optimizer state cannot be loaded as this layout\'s: %s (lunar.optim.reshard reads it into another '
+            .. 'layout)'):format(why))
     end
     local shard = o.shard
     if type(shard) ~= 'table' then fail('DistributedAdamW:load_state_dict: this rank\'s shard tensors are missing') end
     local fresh = {}
     for _, pc in ipairs(self.pieces) do
         local m, v = shard['exp_avg.' .. pc.name], shard['exp_avg_sq.' .. pc.name]
+        local place = shard['place.' .. pc.name]
+        if place then
+            local ok, why = require('lunar.optim.reshard').same_place(place, pc.start, pc.len, pc.entry.param:size(),
+                self.slices[pc.name])
+            if not ok then
+                fail(('the optimizer shard of rank %d: %s: %s'):format(self.buffer.rank, pc.name, why))
+            end
+        end
         if m or v then
             if not (m and v) then
                 fail(('the optimizer shard of rank %d has %s but not %s'):format(self.buffer.rank,

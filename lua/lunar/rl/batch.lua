@@ -256,10 +256,12 @@ end
 -- this rank holds no group of (the optimizer step is every rank's).
 function M.build(groups, opts)
     local total = opts.total or #groups
-    local per_mini = total / opts.mini_batches
+    local k = opts.mini_batches
     local out = {}
-    for m = 1, opts.mini_batches do
-        local first, last = math.floor((m - 1) * per_mini) + 1, math.floor(m * per_mini)
+    for m = 1, k do
+        -- (m * total / k, not m * (total / k): the rounded quotient can floor the last bound below
+        -- total and leave a group out)
+        local first, last = math.floor((m - 1) * total / k) + 1, math.floor(m * total / k)
         local samples = {}
         for gi, g in ipairs(groups) do
             local at = g.position or gi

@@ -441,10 +441,14 @@ function M.policy(inputs, cfg, norm)
 end
 
 -- every name policy()'s metrics may hold (some only with their setting, or with tokens), in one
--- order: what data-parallel ranks sum together (lunar.rl.policy)
-M.METRICS = {'tokens', 'pg_loss', 'pg_clipfrac_low', 'pg_clipfrac_high', 'pg_clipfrac', 'pg_clipfrac_dual',
-    'ratio_mean', 'ratio_min', 'ratio_max', 'ppo_kl', 'approx_kl', 'entropy_mean', 'kl_mean', 'kl_term',
-    'entropy_term', 'tis_weight_mean', 'tis_capped_frac', 'rollout_logprob_abs_diff_mean',
-    'rollout_logprob_abs_diff_max'}
+-- order, with how the micro-batches' values make the mini-batch's (lunar.rl.policy; over the
+-- micro-batches of every data-parallel rank): 'sum' (a share of the mini-batch's value: the
+-- token count, the weighted loss terms), 'mean' (a mean over the micro-batch's trained tokens:
+-- weighted by them), 'min' and 'max'
+M.METRICS = {{'tokens', 'sum'}, {'pg_loss', 'sum'}, {'pg_clipfrac_low', 'mean'}, {'pg_clipfrac_high', 'mean'},
+    {'pg_clipfrac', 'mean'}, {'pg_clipfrac_dual', 'mean'}, {'ratio_mean', 'mean'}, {'ratio_min', 'min'},
+    {'ratio_max', 'max'}, {'ppo_kl', 'mean'}, {'approx_kl', 'mean'}, {'entropy_mean', 'mean'}, {'kl_mean', 'mean'},
+    {'kl_term', 'sum'}, {'entropy_term', 'sum'}, {'tis_weight_mean', 'mean'}, {'tis_capped_frac', 'mean'},
+    {'rollout_logprob_abs_diff_mean', 'mean'}, {'rollout_logprob_abs_diff_max', 'max'}}
 
 return M

@@ -4,7 +4,7 @@
 --   local rlpar = require 'lunar.rl.parallel'
 --   local mine = rlpar.mine(run.dp, count, mini_batches)   -- the prompts this rank generates
 --   local flags = rlpar.union(run.dp, list, count)         -- every rank's flags in global order
---   rlpar.pad(run.dp, minis, opts)                          -- the same micro-batch count everywhere
+--   rlpar.pad(run.dp, minis, make_dummy)                    -- the same micro-batch count everywhere
 --   local norm = rlpar.normaliser(run.dp, masks, lcfg)     -- the global batch's normaliser
 --   local a, b = rlpar.sum(run.dp, a, b); local m = rlpar.max(run.dp, m)
 --
@@ -14,17 +14,20 @@
 -- i), so each sample is the one a single rank generates (lunar.generate is the same alone or in
 -- any batch). Rank of prompt i: with the round's prompts cut into the step's mini-batches as one
 -- rank cuts its groups (floor(m * total / mini_batches)), each mini-batch's prompts are dealt in
--- consecutive blocks over the dp ranks, so every rank trains its share of every mini-batch.
+-- consecutive blocks over the dp ranks, so without dynamic sampling every rank trains its share
+-- of every mini-batch.
 --
 -- Dynamic sampling decides over the whole round: the informative flags of every rank's groups
 -- go to every rank (one all-reduce over dp) and each keeps its own groups among the first
 -- rl.prompts informative ones, in global order, numbered by their place in that order; the
--- mini-batch of a kept group is the one its place falls in, as for one rank. The ranks then hold
+-- mini-batch of a kept group is the one its place falls in, as for one rank (a group trains on
+-- the rank that generated it, so a rank may hold none of a mini-batch). The ranks then hold
 -- different numbers of samples: each mini-batch gets dummy micro-batches (one token of prompt,
 -- one of response, nothing trained) until every rank has the most any has, so that the forwards
 -- and backwards (collectives under tp and ep) and the gradient reduction meet. The loss is
 -- normalised by the global batch's tokens or sequences, so the sum of the ranks' gradients is the
--- one-rank gradient; metrics are summed (or their maximum taken) over dp.
+-- one-rank gradient; metrics are combined over every rank's micro-batches (sums added, means
+-- weighted by tokens, extremes the largest or smallest: lunar.rl.loss.METRICS).
 local core = require 'lunar.core'
 local dist = require 'lunar.dist'
 local loss = require 'lunar.rl.loss'
@@ -33,8 +36,7 @@ local M = {}
 
 -- the first and last (1-based) of count items in mini-batch m of k, as lunar.rl.batch cuts them
 function M.bounds(count, k, m)
-    local per = count / k
-    return math.floor((m - 1) * per) + 1, math.floor(m * per)
+    return math.floor((m - 1) * count / k) + 1, math.floor(m * count / k)
 end
 
 -- the dp rank (0-based) that generates prompt i of a round of count prompts

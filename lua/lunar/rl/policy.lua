@@ -20,7 +20,67 @@ local rlbatch = require 'lunar.rl.batch'
 local rlpar = require 'lunar.rl.parallel'
 
 local METRIC_SET = {}
-for _, k in ipairs(loss.METRICS) do METRIC_SET[k] = true end
+for _, m in ipairs(loss.METRICS) do METRIC_SET[m[1]] = true end
+
+-- the micro-batches' metrics m (lunar.rl.loss.policy's) into acc: {name = {v =, w =}} (loss.METRICS
+-- says how each combines)
+local function add_metrics(acc, m)
+    for k, v in pairs(m) do
+        if type(v) == 'number' and not METRIC_SET[k] then error('lunar.rl.loss.METRICS does not list the metric ' .. k) end
+    end
+    for _, spec in ipairs(loss.METRICS) do
+        local k, how, v = spec[1], spec[2], m[spec[1]]
+        if type(v) == 'number' then
+            local a = acc[k] or {v = how == 'min' and math.huge or how == 'max' and -math.huge or 0, w = 0}
+            acc[k] = a
+            if how == 'mean' then
+                local w = m.tokens or 1
+                a.v, a.w = a.v + v * w, a.w + w
+            elseif how == 'sum' then a.v, a.w = a.v + v, 1
+            elseif how == 'min' then a.v, a.w = math.min(a.v, v), 1
+            else a.v, a.w = math.max(a.v, v), 1 end
+        end
+    end
+end
+
+-- acc combined over the data-parallel ranks (sums and weights added, extremes the largest or
+-- smallest), then the values: {name = number}
+local function metric_values(acc, dp)
+    if dp then
+        local flat, ext = {}, {}
+        for _, spec in ipairs(loss.METRICS) do
+            local a = acc[spec[1]] or {v = 0, w = 0}
+            if spec[2] == 'min' or spec[2] == 'max' then
+                local v = a.w > 0 and a.v or (spec[2] == 'min' and math.huge or -math.huge)
+                ext[#ext + 1] = spec[2] == 'min' and -v or v
+            else
+                flat[#flat + 1] = a.v
+            end
+            flat[#flat + 1] = a.w
+        end
+        flat, ext = {dp:sum(unpack(flat))}, {rlpar.max(dp, unpack(ext))}
+        local i, j = 0, 0
+        for _, spec in ipairs(loss.METRICS) do
+            local a = {}
+            if spec[2] == 'min' or spec[2] == 'max' then
+                j = j + 1
+                a.v = spec[2] == 'min' and -ext[j] or ext[j]
+            else
+                i = i + 1
+                a.v = flat[i]
+            end
+            i = i + 1
+            a.w = flat[i]
+            acc[spec[1]] = a.w > 0 and a or nil
+        end
+    end
+    local out = {}
+    for _, spec in ipairs(loss.METRICS) do
+        local a = acc[spec[1]]
+        if a and a.w > 0 then out[spec[1]] = spec[2] == 'mean' and a.v / a.w or a.v end
+    end
+    return out
+end
 
 local M = {}
 
@@ -202,7 +262,7 @@ local function mini_step(run, mini, advantages_of, acc)
     local norm = rlpar.normaliser(run.dp, masks, lcfg)
     local dp = run.dp
     local want_entropy = true
-    local total, sums, counts = 0, {}, {}
+    local total, metrics = 0, {}
     for i, mb in ipairs(mini.micro) do
         local last = i == #mini.micro
         lunar.scope(function() with_mask(model, mb, function()
@@ -221,34 +281,20 @@ local function mini_step(run, mini, advantages_of, acc)
                             rollout_logprobs = rl.tis_cap and on(mb.rollout, dev) or nil}
             local value, grads, m = loss.policy(inputs, lcfg, norm)
             total = total + value
-            for k, v in pairs(m) do
-                if type(v) == 'number' then
-                    sums[k] = (sums[k] or 0) + v * (m.tokens or 1)
-                    counts[k] = (counts[k] or 0) + (m.tokens or 1)
-                end
-            end
+            add_metrics(metrics, m)
             if dp then dp:before_backward(last) end
             model:backward({dlogprobs = scatter(mb, grads.dlogprobs),
                             dentropy = grads.dentropy and scatter(mb, grads.dentropy) or nil})
             if dp then dp:after_backward(last) end
         end) end)
     end
-    -- the ranks' shares of the global loss and of the metrics' token-weighted sums, added up
-    if dp then
-        total = dp:sum(total)
-        for k in pairs(sums) do
-            if not METRIC_SET[k] then error('lunar.rl.loss.METRICS does not list the metric ' .. k) end
-        end
-        local flat = {}
-        for _, k in ipairs(loss.METRICS) do flat[#flat + 1] = sums[k] or 0; flat[#flat + 1] = counts[k] or 0 end
-        flat = {dp:sum(unpack(flat))}
-        for i, k in ipairs(loss.METRICS) do sums[k], counts[k] = flat[2 * i - 1], flat[2 * i] end
-        for k, c in pairs(counts) do if c == 0 then sums[k], counts[k] = nil, nil end end
-    end
+    -- the ranks' shares of the global loss, and the metrics over every rank's micro-batches
+    if dp then total = dp:sum(total) end
+    local values = metric_values(metrics, dp)
     local info = run.opt:step{loss = total, micro_batches = 1}
     run.opt:zero_grad()
     local stats = {loss = total, grad_norm = info.grad_norm, lr = info.lr, skipped = info.skipped}
-    for k, v in pairs(sums) do stats[k] = v / counts[k] end
+    for k, v in pairs(values) do stats[k] = v end
     return stats
 end
 

@@ -96,7 +96,7 @@ local function setup(cfg)
     local st = setting_error('checkpoint.resume=' .. cfg.checkpoint.resume, base.find_checkpoint, cfg, run.cm)
     if dp then dp:check_same_checkpoint(st) end
     if st then base.check_resumed_recipe(cfg, st) end
-    if st then base.check_resumed_layout(cfg, st, dp) end
+    local reshard = st and base.check_resumed_layout(cfg, st, dp)
     run.st = st
     run.model = setting_error(st and not cfg.peft and ('the checkpoint ' .. st.model_dir) or model_setting,
         base.build_model, cfg, st and st.model_dir, dp)
@@ -146,11 +146,8 @@ local function setup(cfg)
     end
     run.start = 0
     if st then
-        if run.opt.shard_state then
-            run.opt:load_state_dict(st.optimizer, {shard = checkpoint.load_shard(st, dp.world_rank)})
-        else
-            run.opt:load_state_dict(st.optimizer)
-        end
+        base.restore_optimizer(run.opt, st, dp, reshard)
+        if reshard then log(cfg, 'resharded the optimizer state of %s: %s', st.dir, reshard) end
         local ok, err = pcall(run.sampler.set_state, run.sampler, st.data)
         if not ok then
             if not cfg.checkpoint.allow_changes then user_error(('resuming %s: %s'):format(st.dir, strip_where(err))) end
@@ -286,6 +283,7 @@ local function run_step(run, step)
     end
     return {loss = upd.loss, grad_norm = upd.grad_norm, lr = upd.lr, tokens = gen.gen_tokens,
             skipped = (upd.skipped_steps or 0) > 0, time = t_end - t0, extra = extra,
+            peak_mem_bytes = run.dp and run.dp:peak_memory(run.model:device()) or nil,   -- the largest of any rank
             show = {{'reward', rs.reward_mean}, {'acc', rs.accuracy}, {'len', rs.response_len_mean}}}
 end
 

@@ -94,13 +94,19 @@ function DP:optimizer(store, model, adamw_opts)
         for n in pairs(model:tp_slices('etp')) do split[n] = true end
         etp_opt = {group = self.etp, split = split}
     end
+    -- where each split parameter's block sits in the whole one (the distributed optimizer writes
+    -- it beside its state, for another layout to read: lunar.optim.reshard)
+    local slices = {}
+    for n, sl in pairs(model:tp_slices('tp')) do slices[n] = sl end
+    for n, sl in pairs(model:tp_slices('etp')) do slices[n] = sl end
+    if model.params.lora then for n, sl in pairs(lora.tp_slices(model.params.lora)) do slices[n] = sl end end
     local function part(group, filter, norm_opt)
         local buffer = grad_buffer.new(store, {group = group, shard = self.distributed, bucket_elems = self.bucket_elems,
                                                model = model, filter = filter, tp = tp_buf})
         buffer:watch(model)
         local o = {}
         for k, v in pairs(adamw_opts) do o[k] = v end
-        o.filter, o.tp = filter, norm_opt
+        o.filter, o.tp, o.slices = filter, norm_opt, slices
         local opt = self.distributed and distributed.new(store, buffer, o) or AdamW.new(store, o)
         return buffer, opt
     end
@@ -115,6 +121,19 @@ function DP:optimizer(store, model, adamw_opts)
     self.expert_buffer, expert_opt = part(self.edp, is_expert, etp_opt)
     self.buffers = {self.buffer, self.expert_buffer}
     return partitioned.new{{name = 'dense', opt = dense_opt}, {name = 'experts', opt = expert_opt, across = self.ep}}
+end
+
+-- the largest peak memory of any rank (collective over the world): the process's peak resident
+-- memory, or the peak of lunar's pool on `device` (not 'cpu')
+function DP:peak_memory(device)
+    local v
+    if device and device ~= 'cpu' then
+        local st = lunar.memory_stats(device)
+        v = st and st.peak_in_use
+    else
+        v = require('lunar.train.metrics').process_peak_bytes()
+    end
+    return dist.all_reduce(core.from_flat({v or 0}, {1}, 'f64', 'cpu'), {group = dist.world(), op = 'max'}):item()
 end
 
 -- numbers summed over the ranks (f64)
@@ -330,9 +349,14 @@ function DP:report(cfg, params_store, opt, log, model)
     local mine = {pbytes, gbytes, obytes}
     local all = dist.all_gather(core.from_flat(mine, {3}, 'f64', 'cpu'), {group = dist.world()}):tolist_flat()
     local b = self.buffer
-    log(cfg, 'data parallel: %d ranks (%s%s), global batch %d rows = micro_batch %d x grad_accum %d x dp %d',
-        self.size, self.layout.key, dist.world_size() ~= self.size and (', world ' .. dist.world_size()) or '',
-        cfg.data.micro_batch * cfg.train.grad_accum * self.size, cfg.data.micro_batch, cfg.train.grad_accum, self.size)
+    local world = dist.world_size() ~= self.size and (', world ' .. dist.world_size()) or ''
+    if cfg.rl then   -- (the RL recipes' batch is their prompts, split by lunar.rl.parallel)
+        log(cfg, 'data parallel: %d ranks (%s%s)', self.size, self.layout.key, world)
+    else
+        log(cfg, 'data parallel: %d ranks (%s%s), global batch %d rows = micro_batch %d x grad_accum %d x dp %d',
+            self.size, self.layout.key, world, cfg.data.micro_batch * cfg.train.grad_accum * self.size,
+            cfg.data.micro_batch, cfg.train.grad_accum, self.size)
+    end
     log(cfg, '  gradients: %d elements in %d bucket%s of ~%s, %s; optimizer %s', b.total, #b.buckets,
         #b.buckets == 1 and '' or 's', mib(self.bucket_elems * 4),
         self.distributed and 'reduce-scattered' or 'all-reduced',

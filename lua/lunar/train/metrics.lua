@@ -35,7 +35,8 @@
 --
 -- m:log(step, rec): rec = {loss=, grad_norm=, lr=, tokens=, skipped = bool, time = seconds of
 -- the step (default: since the previous log or new()), extra = {name = number}, show = {{name,
--- number}, ...} (shown in the progress line after the loss)}. A step whose
+-- number}, ...} (shown in the progress line after the loss), peak_mem_bytes = the peak memory to
+-- report instead of this process's (data parallel: the largest of any rank's)}. A step whose
 -- loss or grad norm is not finite counts as a NaN step; skipped = true (the optimizer did not
 -- apply it) counts as a skipped step. Returns the record as written.
 local core = require 'lunar.core'
@@ -251,9 +252,11 @@ function Metrics:start()
     self.t_last = self.clock()
 end
 
-function Metrics:_peak_memory()
-    local v
-    if self.memory == 'process' then
+-- this process's peak memory (or `given`), the largest seen so far
+function Metrics:_peak_memory(given)
+    local v = given
+    if v then
+    elseif self.memory == 'process' then
         v = M.process_peak_bytes()
     else
         local ok, st = pcall(function() return require('lunar').memory_stats(self.memory) end)
@@ -294,7 +297,7 @@ function Metrics:log(step, rec)
             if self.peak_flops then r.mfu = r.tflops * 1e12 / self.peak_flops end
         end
     end
-    r.peak_mem_bytes = self:_peak_memory()
+    r.peak_mem_bytes = self:_peak_memory(rec.peak_mem_bytes)
     local extra_keys = {}
     for k, v in pairs(rec.extra or {}) do
         if type(k) ~= 'string' or type(v) ~= 'number' then fail('metrics.log: extra must map names to numbers') end

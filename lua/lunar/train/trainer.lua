@@ -298,36 +298,44 @@ local function check_resumed_recipe(cfg, st)
         .. (#breaking > 0 and #other > 0 and '\n' or '') .. table.concat(other, '\n')))
 end
 
--- a checkpoint resumes in the data-parallel size and optimizer it was written with: the optimizer
--- state of another layout would need resharding (not supported yet) and the data order would
--- differ (each rank's rows depend on the number of ranks)
+-- the layout a checkpoint was written in against this run's: nil when the same, else a line
+-- saying what changes (the optimizer state is then resharded: lunar.optim.reshard). The
+-- replicated optimizer of several ranks (parallel.distributed_optimizer=false) writes its state
+-- whole on rank 0 only, in a form not read into another layout: refused, naming both.
+local function layout_text(l)
+    local parts = {('dp=%d'):format(l.dp)}
+    for _, k in ipairs({'tp', 'ep', 'etp'}) do if (l[k] or 1) > 1 then parts[#parts + 1] = ('%s=%d'):format(k, l[k]) end end
+    return table.concat(parts, ' ')
+end
+
 local function check_resumed_layout(cfg, st, dp)
     local saved = st.extra and st.extra.parallel or {dp = 1, distributed_optimizer = false}
-    local now = {dp = dp and dp.size or 1, distributed_optimizer = dp and dp.distributed or false}
-    if saved.dp ~= now.dp or (now.dp > 1 and saved.distributed_optimizer ~= now.distributed_optimizer) then
-        user_error(('%s was written with %d data-parallel rank%s%s, this run has %d%s: resuming in another layout is '
-            .. 'not supported yet (the sharded optimizer state and the data order depend on it). Resume with mpirun -np '
-            .. '%d%s, or set checkpoint.resume=none to start afresh'):format(st.dir, saved.dp, saved.dp == 1 and '' or 's',
-            saved.dp > 1 and (saved.distributed_optimizer and ' (distributed optimizer)' or ' (replicated optimizer)') or '',
-            now.dp, now.dp > 1 and (now.distributed_optimizer and ' (distributed optimizer)' or ' (replicated optimizer)')
-            or '', saved.dp, saved.dp > 1 and (' and parallel.distributed_optimizer=' .. tostring(saved.distributed_optimizer))
-            or ''))
+    local now = {dp = dp and dp.size or 1, distributed_optimizer = dp and dp.distributed or false,
+                 tp = dp and dp.tp and dp.tp:size() or nil, ep = dp and dp.ep and dp.ep:size() or nil,
+                 etp = dp and dp.etp and dp.etp:size() or nil}
+    local same = saved.dp == now.dp and (now.dp == 1 or saved.distributed_optimizer == now.distributed_optimizer)
+    for _, k in ipairs({'tp', 'ep', 'etp'}) do same = same and (saved[k] or 1) == (now[k] or 1) end
+    if same then return nil end
+    local function replicated(l) return l.dp > 1 and not l.distributed_optimizer end
+    if replicated(saved) or replicated(now) then
+        user_error(('%s was written with %s%s, this run has %s%s: the replicated optimizer\'s state '
+            .. '(parallel.distributed_optimizer=false) is not resharded to another layout. Resume in the layout that '
+            .. 'wrote it, or set checkpoint.resume=none to start afresh (its model loads in any layout: model.path=%s)')
+            :format(st.dir, layout_text(saved), replicated(saved) and ' (replicated optimizer)' or '', layout_text(now),
+            replicated(now) and ' (replicated optimizer)' or '', st.model_dir))
     end
-    local saved_tp, now_tp = saved.tp or 1, dp and dp.tp and dp.tp:size() or 1
-    if saved_tp ~= now_tp then
-        user_error(('%s was written with parallel.tp=%d, this run has parallel.tp=%d: the optimizer state is split by '
-            .. 'tp, and resharding it is not supported yet. Resume with parallel.tp=%d, or set checkpoint.resume=none '
-            .. 'to start afresh (its model loads in any layout: model.path=%s)'):format(st.dir, saved_tp, now_tp,
-            saved_tp, st.model_dir))
-    end
-    for _, k in ipairs({'ep', 'etp'}) do
-        local was, now = saved[k] or 1, dp and dp[k] and dp[k]:size() or 1
-        if was ~= now then
-            user_error(('%s was written with parallel.%s=%d, this run has parallel.%s=%d: the optimizer state of the '
-                .. 'experts is split by %s, and resharding it is not supported yet. Resume with parallel.%s=%d, or set '
-                .. 'checkpoint.resume=none to start afresh (its model loads in any layout: model.path=%s)'):format(st.dir,
-                k, was, k, now, k, k, was, st.model_dir))
-        end
+    return ('%s -> %s'):format(layout_text(saved), layout_text(now))
+end
+
+-- the optimizer state of checkpoint st: as it was written, or (reshard, a line saying from which
+-- layout) read into this one
+local function restore_optimizer(opt, st, dp, reshard)
+    if reshard then
+        require('lunar.optim.reshard').load(opt, st)
+    elseif opt.shard_state then
+        opt:load_state_dict(st.optimizer, {shard = checkpoint.load_shard(st, dp.world_rank)})
+    else
+        opt:load_state_dict(st.optimizer)
     end
 end
 
@@ -397,7 +405,7 @@ local function setup(cfg)
     local st = setting_error('checkpoint.resume=' .. cfg.checkpoint.resume, find_checkpoint, cfg, r.cm)
     if dp then dp:check_same_checkpoint(st) end
     if st then check_resumed_recipe(cfg, st) end
-    if st then check_resumed_layout(cfg, st, dp) end
+    local reshard = st and check_resumed_layout(cfg, st, dp)
     r.st = st
 
     r.model = setting_error(st and not cfg.peft and ('the checkpoint ' .. st.model_dir) or model_setting,
@@ -433,11 +441,8 @@ local function setup(cfg)
     end
     r.start = 0
     if st then
-        if r.opt.shard_state then
-            r.opt:load_state_dict(st.optimizer, {shard = checkpoint.load_shard(st, dp.world_rank)})
-        else
-            r.opt:load_state_dict(st.optimizer)
-        end
+        restore_optimizer(r.opt, st, dp, reshard)
+        if reshard then log(cfg, 'resharded the optimizer state of %s: %s', st.dir, reshard) end
         local ok, err = pcall(r.loader.set_state, r.loader, st.data)
         if not ok then
             if not cfg.checkpoint.allow_changes then error(err, 0) end
@@ -487,7 +492,8 @@ local function train_step(r, step)
     r.opt:zero_grad()
     local extra = moe_load.step_metrics(r.model, r.dp)   -- the experts' load (collective under dp)
     return {loss = loss_sum, grad_norm = info.grad_norm, lr = info.lr, tokens = tokens, skipped = info.skipped,
-            time = lunar.clock() - t0, extra = extra}
+            time = lunar.clock() - t0, extra = extra,
+            peak_mem_bytes = r.dp and r.dp:peak_memory(r.model:device()) or nil}   -- the largest of any rank
 end
 
 -- the mean loss per target token of data.valid (train.eval_batches micro-batches, or all of it)
@@ -737,7 +743,8 @@ end
 -- what the RL trainer (lunar.rl.trainer) shares with this one
 M.setup_parts = {model_config = model_config, build_model = build_model, check_writable = check_writable,
                  find_checkpoint = find_checkpoint, check_resumed_recipe = check_resumed_recipe,
-                 check_resumed_layout = check_resumed_layout, check_expert_parallel = check_expert_parallel,
+                 check_resumed_layout = check_resumed_layout, restore_optimizer = restore_optimizer,
+                 check_expert_parallel = check_expert_parallel,
                  checkpoint_model = checkpoint_model, write_final = write_final,
                  save_output = save_output, log = log, mib = mib, loss_fall = loss_fall}
 
