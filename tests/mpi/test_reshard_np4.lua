@@ -4,7 +4,9 @@
 -- 4 rows), ep=2 x etp=2 (dp=4) and on one rank (4 rows), the model and the distributed optimizer's
 -- state read into the new layout and the data going on from the same row: steps 4 to 6 give the
 -- uninterrupted run's losses within 1e-5 relative (a fresh optimizer state does not: its first
--- Adam step is a sign step). The LoRA recipe resumes from tp=2 x ep=2 at ep=2 (dp=4) the same
+-- Adam step is a sign step); data.micro_batch changed to keep the global batch is not a breaking
+-- change, and a layout that would change the global batch is refused naming the rows. A
+-- one-process checkpoint resumes at tp=2 x ep=2 the same way. The LoRA recipe resumes from tp=2 x ep=2 at ep=2 (dp=4) the same
 -- way. A checkpoint of the replicated optimizer is refused in
 -- another layout, naming both.
 local lunar = require 'lunar'
@@ -53,16 +55,20 @@ T:test('SFT from tp=2 x ep=2 resumed at ep=4, tp=4, ep=2 x etp=2 and one rank', 
         {'tp=4 (dp=1)', {data = {micro_batch = 4}, parallel = {tp = 4}}},
         {'ep=2 x etp=2 (dp=4)', {data = {micro_batch = 1}, parallel = {ep = 2, etp = 2}}},
     }
+    -- (data.micro_batch changes with the layout and keeps the global batch: not a breaking change)
     for i, l in ipairs(layouts) do
         local sub = dir .. '/to' .. i
         copy(dir .. '/cut', sub)
-        l[2].checkpoint = {allow_changes = true}
         check('sft ' .. l[1], run('sft', sub, l[2]), whole)
     end
+    -- another layout that would change the global batch is refused, naming the rows
+    copy(dir .. '/cut', dir .. '/bigger')
+    T.raises(function() run('sft', dir .. '/bigger', {data = {micro_batch = 2}, parallel = {ep = 4}}) end,
+        'global batch: 4 rows (micro_batch 2 x grad_accum 1 x dp 2) -> 8 rows (micro_batch 2 x grad_accum 1 x dp 4)')
     -- one rank (rank 0 alone), 4 rows a step
     copy(dir .. '/cut', dir .. '/one')
     if d.rank() == 0 then
-        local o = dpc.recipe(dir .. '/one', {data = {micro_batch = 4}, checkpoint = {allow_changes = true}})
+        local o = dpc.recipe(dir .. '/one', {data = {micro_batch = 4}})
         o.train.steps, o.checkpoint.every = 6, 3
         local cfg = recipes.recipe('sft', o)
         recipes.validate(cfg)
@@ -71,16 +77,43 @@ T:test('SFT from tp=2 x ep=2 resumed at ep=4, tp=4, ep=2 x etp=2 and one rank', 
         -- without the optimizer state the steps go elsewhere: the check above can fail
         os.execute(('rm -rf %q && cp -r %q %q'):format(dir .. '/fresh', dir .. '/cut', dir .. '/fresh'))
         os.execute(('rm -rf %q'):format(dir .. '/fresh/ckpt/step_000003/optimizer_shards'))
-        local ok = pcall(function()
-            local o2 = dpc.recipe(dir .. '/fresh', {data = {micro_batch = 4}, checkpoint = {allow_changes = true}})
+        T.raises(function()
+            local o2 = dpc.recipe(dir .. '/fresh', {data = {micro_batch = 4}})
             o2.train.steps, o2.checkpoint.every = 6, 3
             local c2 = recipes.recipe('sft', o2)
             recipes.validate(c2)
             c2.single_rank = true
             require('lunar.train.trainer').run(recipes.clean(c2))
-        end)
-        assert(not ok, 'a checkpoint without its optimizer shards is refused, not resumed with a fresh state')
+        end, 'holds 1 checkpoint and none can be resumed')
+        -- and reshard itself refuses a distributed optimizer's state without its shards
+        T.raises(function()
+            require('lunar.optim.reshard').load(lunar.optim.AdamW.new(lunar.model.new(dpc.preset.common.model.config,
+                {seed = 1}).params, {lr = 1}), {dir = 'x', optimizer = {scalars = {distributed = {dp = 2}}}})
+        end, 'was written by the distributed optimizer but holds no optimizer shards')
     end
+    d.barrier()
+    if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
+end)
+
+T:test('SFT from one process resumed at tp=2 x ep=2', function()
+    local dir = dpc.tmpdir()
+    local whole
+    if d.rank() == 0 then
+        local function one(sub, stop)
+            local o = dpc.recipe(dir .. sub, {data = {micro_batch = 4}, stop_after = stop})
+            o.train.steps, o.checkpoint.every = 6, 3
+            local cfg = recipes.recipe('sft', o)
+            recipes.validate(cfg)
+            cfg.single_rank = true
+            return require('lunar.train.trainer').run(recipes.clean(cfg))
+        end
+        whole = one('/whole', false)
+        one('/cut', 3)
+    end
+    d.barrier()
+    local losses = d.broadcast(lunar.tensor(whole and whole.losses or {0, 0, 0, 0, 0, 0}, 'f64'), {root = 0}):tolist_flat()
+    check('sft one process -> tp=2 x ep=2', run('sft', dir .. '/cut', {data = {micro_batch = 2},
+        parallel = {tp = 2, ep = 2}}), {losses = losses})
     d.barrier()
     if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
 end)
@@ -90,8 +123,7 @@ T:test('LoRA from tp=2 x ep=2 resumed at ep=2 (dp=4)', function()
     local whole = run('lora', dir .. '/whole', {data = {micro_batch = 2}, parallel = {tp = 2, ep = 2}})
     run('lora', dir .. '/cut', {data = {micro_batch = 2}, parallel = {tp = 2, ep = 2}, stop_after = 3})
     copy(dir .. '/cut', dir .. '/ep2')
-    check('lora ep=2 (dp=4)', run('lora', dir .. '/ep2', {data = {micro_batch = 1}, parallel = {ep = 2},
-        checkpoint = {allow_changes = true}}), whole)
+    check('lora ep=2 (dp=4)', run('lora', dir .. '/ep2', {data = {micro_batch = 1}, parallel = {ep = 2}}), whole)
     d.barrier()
     if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
 end)

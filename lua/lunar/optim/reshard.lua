@@ -16,12 +16,16 @@
 -- (lunar.optim.AdamW) holds whole tensors in the checkpoint's optimizer part.
 --
 -- Reading: for each piece this layout's optimizer holds (a flat range of this rank's block of a
--- parameter), every block of the old layout that overlaps it is put together from the pieces of
--- one buffer holding it, the overlap copied in, and the range taken; exp_avg, exp_avg_sq and the
+-- parameter), every block of the old layout that overlaps this rank's block is put together from
+-- the pieces of one buffer holding it, the overlap copied in, and the range taken; exp_avg, exp_avg_sq and the
 -- f32 master alike, the update count from any old piece. A parameter with no state in the
 -- checkpoint (never updated) has none here either; a block the old pieces do not cover is an
 -- error naming it. The AdamW update is elementwise, so the resharded state continues the run as
 -- the old layout would, up to the rounding of the other layout's reductions.
+--
+-- Cost: every rank opens every old rank's file (their headers; the tensors it reads are the
+-- ones it needs) and holds, one parameter at a time, its block and the old blocks it overlaps
+-- in f32 on the CPU (for a vocabulary-sized embedding that tp does not split, the whole tensor).
 local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local lio = require 'lunar.io'
@@ -134,17 +138,22 @@ end
 
 local function numel(shape) local n = 1; for _, v in ipairs(shape) do n = n * v end; return n end
 
--- the whole old blocks of `name` that one buffer holds, for `kind`: {{dim, lo, hi, block}, ...}
--- (nil when the old state has no such kind for it)
-local function old_blocks(src, name, kind)
-    -- pieces by buffer, then by block
+-- the old blocks of `name` for `kind` that overlap `want` ({dim =, lo =, hi =}: this rank's
+-- block along the split dim; nil: the whole tensor), each put together from the pieces of one
+-- buffer that holds it: {{dim, lo, hi, block}, ...} (nil when the old state has no such kind)
+local function old_blocks(src, name, kind, want)
+    -- pieces by buffer, then by block; blocks of the split dim outside `want` are not read
     local buffers, order = {}, {}
     for _, p in ipairs(src.pieces) do
-        local b = buffers[p.place.buffer]
-        if not b then b = {}; buffers[p.place.buffer] = b; order[#order + 1] = p.place.buffer end
-        local key = ('%s/%d/%d'):format(tostring(p.place.dim), p.place.bstart, p.place.blen)
-        b[key] = b[key] or {}
-        table.insert(b[key], p)
+        local pl = p.place
+        local outside = want and pl.dim == want.dim and (pl.bstart >= want.hi or pl.bstart + pl.blen <= want.lo)
+        if not outside then
+            local b = buffers[pl.buffer]
+            if not b then b = {}; buffers[pl.buffer] = b; order[#order + 1] = pl.buffer end
+            local key = ('%s/%d/%d'):format(tostring(pl.dim), pl.bstart, pl.blen)
+            b[key] = b[key] or {}
+            table.insert(b[key], p)
+        end
     end
     table.sort(order)
     local out, seen = {}, {}
@@ -166,7 +175,11 @@ local function old_blocks(src, name, kind)
                         covered, have = covered + p.place.len, have + 1
                     end
                 end
-                if have == 0 then block:free() return nil end
+                if have == 0 then
+                    block:free()
+                    for _, o in ipairs(out) do o.block:free() end
+                    return nil
+                end
                 if covered ~= flat:numel() then
                     fail(('the checkpoint\'s optimizer pieces of %s (%s) cover %d of the %d elements of a block'):format(
                         name, kind, covered, flat:numel()))
@@ -183,7 +196,8 @@ end
 -- the flat range [start, start + len) of this layout's block (shape, slice) of `name`, for kind,
 -- from the old blocks; nil when the checkpoint has none of that kind
 local function assemble(src, name, kind, shape, slice, start, len)
-    local blocks = old_blocks(src, name, kind)
+    local want = slice and {dim = slice.dim, lo = slice.start, hi = slice.start + slice.len} or nil
+    local blocks = old_blocks(src, name, kind, want)
     if not blocks then return nil end
     local out = core.empty(shape, 'f32', 'cpu')
     local dim = slice and slice.dim

@@ -274,17 +274,50 @@ end
 
 -- compares the recipe a checkpoint was written with against this run's: differences that change
 -- the data order or the model refuse (unless checkpoint.allow_changes), the others are printed
-local function check_resumed_recipe(cfg, st)
+-- the global batch in rows of a checkpoint's run and of this one: data.micro_batch x
+-- train.grad_accum x dp (nil when the checkpoint does not say: the RL recipes' batch is their
+-- prompts, and older checkpoints)
+local function global_rows(cfg, st, dp)
+    local lc = type(st.data) == 'table' and type(st.data.config) == 'table' and st.data.config
+    local saved = st.extra and st.extra.recipe
+    if not (lc and lc.micro_batch and lc.dp_size and saved and cfg.data and cfg.data.micro_batch) then return nil end
+    local accum = tonumber(saved['train.grad_accum']) or 1
+    local was = {rows = lc.micro_batch * accum * lc.dp_size, mb = lc.micro_batch, accum = accum, dp = lc.dp_size}
+    local dpn = dp and dp.size or 1
+    local now = {rows = cfg.data.micro_batch * cfg.train.grad_accum * dpn, mb = cfg.data.micro_batch,
+                 accum = cfg.train.grad_accum, dp = dpn}
+    return was, now
+end
+
+local function rows_text(b)
+    return ('%d rows (micro_batch %d x grad_accum %d x dp %d)'):format(b.rows, b.mb, b.accum, b.dp)
+end
+
+-- the recipe a checkpoint was written with against this run's: breaking differences refused
+-- unless checkpoint.allow_changes, the others reported. The global batch counts as a setting: in
+-- another layout (dp) it changes unless data.micro_batch or train.grad_accum make up for it, and
+-- a change of those that keeps it is not breaking.
+local function check_resumed_recipe(cfg, st, dp)
     local saved = st.extra and st.extra.recipe
     if not saved then
         log(cfg, 'note: %s does not record its recipe, so its settings were not compared with this run\'s', st.dir)
         return
     end
     local diffs = recipe_diff.compare(saved, recipe_diff.snapshot(cfg))
+    local was, now = global_rows(cfg, st, dp)
+    if was and was.rows ~= now.rows then
+        diffs[#diffs + 1] = {key = 'global batch', old = rows_text(was), new = rows_text(now),
+            breaking = 'changes the batch of every later step'}
+    end
     if #diffs == 0 then return end
     local breaking, other = {}, {}
     for _, d in ipairs(diffs) do
-        local line = ('  %s: %s -> %s%s'):format(d.key, d.old, d.new, d.breaking and ('  (' .. d.breaking .. ')') or '')
+        if was and was.rows == now.rows and (d.key == 'data.micro_batch' or d.key == 'train.grad_accum') then
+            d.breaking = nil   -- the global batch stays the same rows
+            d.note = ('the global batch stays %d rows'):format(now.rows)
+        end
+        local why = d.breaking or d.note
+        local line = ('  %s: %s -> %s%s'):format(d.key, d.old, d.new, why and ('  (' .. why .. ')') or '')
         if d.breaking then breaking[#breaking + 1] = line else other[#other + 1] = line end
     end
     if #breaking > 0 and not cfg.checkpoint.allow_changes then
@@ -305,6 +338,7 @@ end
 local function layout_text(l)
     local parts = {('dp=%d'):format(l.dp)}
     for _, k in ipairs({'tp', 'ep', 'etp'}) do if (l[k] or 1) > 1 then parts[#parts + 1] = ('%s=%d'):format(k, l[k]) end end
+    if l.split_indexer then parts[#parts + 1] = 'split_indexer' end
     return table.concat(parts, ' ')
 end
 
@@ -312,9 +346,11 @@ local function check_resumed_layout(cfg, st, dp)
     local saved = st.extra and st.extra.parallel or {dp = 1, distributed_optimizer = false}
     local now = {dp = dp and dp.size or 1, distributed_optimizer = dp and dp.distributed or false,
                  tp = dp and dp.tp and dp.tp:size() or nil, ep = dp and dp.ep and dp.ep:size() or nil,
-                 etp = dp and dp.etp and dp.etp:size() or nil}
+                 etp = dp and dp.etp and dp.etp:size() or nil, split_indexer = dp and dp.split_indexer or nil}
     local same = saved.dp == now.dp and (now.dp == 1 or saved.distributed_optimizer == now.distributed_optimizer)
     for _, k in ipairs({'tp', 'ep', 'etp'}) do same = same and (saved[k] or 1) == (now[k] or 1) end
+    -- (the split indexer's heads are blocks of their own)
+    same = same and (saved.split_indexer or false) == (now.split_indexer or false)
     if same then return nil end
     local function replicated(l) return l.dp > 1 and not l.distributed_optimizer end
     if replicated(saved) or replicated(now) then
@@ -404,7 +440,7 @@ local function setup(cfg)
         group = dp and dist.world(), quiet = dp and not dp:is_main() or nil}
     local st = setting_error('checkpoint.resume=' .. cfg.checkpoint.resume, find_checkpoint, cfg, r.cm)
     if dp then dp:check_same_checkpoint(st) end
-    if st then check_resumed_recipe(cfg, st) end
+    if st then check_resumed_recipe(cfg, st, dp) end
     local reshard = st and check_resumed_layout(cfg, st, dp)
     r.st = st
 
@@ -576,7 +612,8 @@ local function checkpoint_model(r)
         shard = r.opt.shard_state and r.opt:shard_state() or nil,
         parallel = r.dp and {dp = r.dp.size, distributed_optimizer = r.dp.distributed,
                              ep = r.dp.ep and r.dp.ep:size() or nil, tp = r.dp.tp and r.dp.tp:size() or nil,
-                             etp = r.dp.etp and r.dp.etp:size() or nil} or nil,
+                             etp = r.dp.etp and r.dp.etp:size() or nil,
+                             split_indexer = r.dp.split_indexer or nil} or nil,
     }
 end
 
