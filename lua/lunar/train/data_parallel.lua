@@ -110,17 +110,48 @@ function DP:optimizer(store, model, adamw_opts)
         local opt = self.distributed and distributed.new(store, buffer, o) or AdamW.new(store, o)
         return buffer, opt
     end
-    if not experts then
-        local opt
-        self.buffer, opt = part(self.group, nil, tp_opt)
-        self.buffers = {self.buffer}
-        return opt
+    -- A gradient buffer holds parameters of one dtype (it gathers them back flat), so a model that
+    -- mixes dtypes (bf16 weights with the f32 routers) gets one part per dtype: the dtype of the
+    -- most elements keeps the plain name, the others are named after theirs ('dense_f32').
+    local function dtypes_of(class)
+        local count, list = {}, {}
+        for name in store:names() do
+            if store:is_trainable(name) and (not class or class(name)) then
+                local dt = store:get(name):dtype()
+                if not count[dt] then list[#list + 1] = dt; count[dt] = 0 end
+                count[dt] = count[dt] + store:get(name):numel()
+            end
+        end
+        table.sort(list, function(a, b) if count[a] ~= count[b] then return count[a] > count[b] end return a < b end)
+        return list
     end
-    local dense_opt, expert_opt
-    self.buffer, dense_opt = part(self.group, function(name) return not is_expert(name) end, tp_opt)
-    self.expert_buffer, expert_opt = part(self.edp, is_expert, etp_opt)
-    self.buffers = {self.buffer, self.expert_buffer}
-    return partitioned.new{{name = 'dense', opt = dense_opt}, {name = 'experts', opt = expert_opt, across = self.ep}}
+    local parts = {}
+    local function add(name, group, class, norm_opt, across)
+        local dts = dtypes_of(class)
+        if #dts == 0 then dts = {false} end
+        for i, dt in ipairs(dts) do
+            local filter = class
+            if #dts > 1 then
+                filter = function(n) return (not class or class(n)) and store:get(n):dtype() == dt end
+            end
+            local buffer, opt = part(group, filter, norm_opt)
+            parts[#parts + 1] = {name = i == 1 and name or (name .. '_' .. dt), opt = opt, across = across,
+                                 buffer = buffer}
+        end
+    end
+    if experts then
+        add('dense', self.group, function(name) return not is_expert(name) end, tp_opt)
+        add('experts', self.edp, is_expert, etp_opt, self.ep)
+    else
+        add('dense', self.group, nil, tp_opt)
+    end
+    self.buffers, self.buffer, self.expert_buffer = {}, nil, nil
+    for _, p in ipairs(parts) do
+        self.buffers[#self.buffers + 1] = p.buffer
+        if p.across then self.expert_buffer = self.expert_buffer or p.buffer else self.buffer = self.buffer or p.buffer end
+    end
+    if #parts == 1 then return parts[1].opt end
+    return partitioned.new(parts)
 end
 
 -- the largest peak memory of any rank (collective over the world): the process's peak resident
