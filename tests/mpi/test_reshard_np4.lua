@@ -33,17 +33,15 @@ local function run(kind, dir, extra)
     return recipes.run(kind, o)
 end
 
+-- the SFT recipe of run() on this rank alone (dpc.single)
+local function single(dir, extra)
+    return dpc.single(dir, dpc.merge({train = {steps = 6}, checkpoint = {every = 3}}, extra))
+end
+
+-- a run resumed from step 3: its steps 4-6 against the uninterrupted run's, within 1e-5
 local function check(label, got, want)
     T.equal(got.start_step, 3, label .. ': resumed from step 3')
-    local worst = 0
-    for i = 4, 6 do
-        local a, b = got.losses[i - 3], want.losses[i]
-        local rel = math.abs(a - b) / math.abs(b)
-        assert(rel <= 1e-5, ('%s step %d: loss %.9g, uninterrupted %.9g (rel %.3g)'):format(label, i, a, b, rel))
-        worst = math.max(worst, rel)
-    end
-    if d.rank() == 0 then print(('  %s: steps 4-6 within %.2g of the uninterrupted run'):format(label, worst)) end
-    return worst
+    dpc.same_losses(T, label .. ', steps 4-6', got.losses, {want.losses[4], want.losses[5], want.losses[6]}, 3)
 end
 
 T:test('SFT from tp=2 x ep=2 resumed at ep=4, tp=4, ep=2 x etp=2 and one rank', function()
@@ -70,23 +68,12 @@ T:test('SFT from tp=2 x ep=2 resumed at ep=4, tp=4, ep=2 x etp=2 and one rank', 
     -- one rank (rank 0 alone), 4 rows a step
     copy(dir .. '/cut', dir .. '/one')
     if d.rank() == 0 then
-        local o = dpc.recipe(dir .. '/one', {data = {micro_batch = 4}})
-        o.train.steps, o.checkpoint.every = 6, 3
-        local cfg = recipes.recipe('sft', o)
-        recipes.validate(cfg)
-        cfg.single_rank = true
-        check('sft one rank', require('lunar.train.trainer').run(recipes.clean(cfg)), whole)
+        check('sft one rank', single(dir .. '/one', {data = {micro_batch = 4}}), whole)
         -- without the optimizer state the steps go elsewhere: the check above can fail
         os.execute(('rm -rf %q && cp -r %q %q'):format(dir .. '/fresh', dir .. '/cut', dir .. '/fresh'))
         os.execute(('rm -rf %q'):format(dir .. '/fresh/ckpt/step_000003/optimizer_shards'))
-        T.raises(function()
-            local o2 = dpc.recipe(dir .. '/fresh', {data = {micro_batch = 4}})
-            o2.train.steps, o2.checkpoint.every = 6, 3
-            local c2 = recipes.recipe('sft', o2)
-            recipes.validate(c2)
-            c2.single_rank = true
-            require('lunar.train.trainer').run(recipes.clean(c2))
-        end, 'holds 1 checkpoint and none can be resumed')
+        T.raises(function() single(dir .. '/fresh', {data = {micro_batch = 4}}) end,
+            'holds 1 checkpoint and none can be resumed')
         -- and reshard itself refuses a distributed optimizer's state without its shards
         T.raises(function()
             require('lunar.optim.reshard').load(lunar.optim.AdamW.new(lunar.model.new(dpc.preset.common.model.config,
@@ -101,16 +88,8 @@ T:test('SFT from one process resumed at tp=2 x ep=2', function()
     local dir = dpc.tmpdir()
     local whole
     if d.rank() == 0 then
-        local function one(sub, stop)
-            local o = dpc.recipe(dir .. sub, {data = {micro_batch = 4}, stop_after = stop})
-            o.train.steps, o.checkpoint.every = 6, 3
-            local cfg = recipes.recipe('sft', o)
-            recipes.validate(cfg)
-            cfg.single_rank = true
-            return require('lunar.train.trainer').run(recipes.clean(cfg))
-        end
-        whole = one('/whole', false)
-        one('/cut', 3)
+        whole = single(dir .. '/whole', {data = {micro_batch = 4}})
+        single(dir .. '/cut', {data = {micro_batch = 4}, stop_after = 3})
     end
     d.barrier()
     local losses = d.broadcast(lunar.tensor(whole and whole.losses or {0, 0, 0, 0, 0, 0}, 'f64'), {root = 0}):tolist_flat()
@@ -137,14 +116,7 @@ T:test('bf16 (f32 routers: a part per dtype): tp=2 x ep=2 follows one process, r
     local whole = run('sft', dir .. '/whole', {model = bf, data = {micro_batch = 2}, parallel = {tp = 2, ep = 2}})
     run('sft', dir .. '/cut', {model = bf, data = {micro_batch = 2}, parallel = {tp = 2, ep = 2}, stop_after = 3})
     local one
-    if d.rank() == 0 then
-        local o = dpc.recipe(dir .. '/one', {model = bf, data = {micro_batch = 4}})
-        o.train.steps, o.checkpoint.every = 6, 3
-        local cfg = recipes.recipe('sft', o)
-        recipes.validate(cfg)
-        cfg.single_rank = true
-        one = require('lunar.train.trainer').run(recipes.clean(cfg)).losses
-    end
+    if d.rank() == 0 then one = single(dir .. '/one', {model = bf, data = {micro_batch = 4}}).losses end
     d.barrier()
     one = d.broadcast(lunar.tensor(one or {0, 0, 0, 0, 0, 0}, 'f64'), {root = 0}):tolist_flat()
     local worst = 0

@@ -22,6 +22,7 @@
 -- splits) until all are done. A rank whose requests are done keeps answering until every rank's
 -- are. Every forward runs the MoE layers in the same order, so the k-th forward of every member
 -- meets the others' k-th in each layer.
+local lunar = require 'lunar'
 local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local dist = require 'lunar.dist'
@@ -101,7 +102,7 @@ function M.empty_forward(model, par)
     for _, L in ipairs(model.layers) do
         if L.mlp_type == 'sparse' then
             -- (the tp members all run it: whatever the MoE reduces over tp, they reduce together)
-            require('lunar').scope(function() L.mlp:forward(x, {row_invariant = true}) end)
+            lunar.scope(function() L.mlp:forward(x, {row_invariant = true}) end)
         end
     end
     x:free()

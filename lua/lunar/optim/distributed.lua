@@ -36,6 +36,7 @@ local ops = require 'lunar.ops'
 local dist = require 'lunar.dist'
 local AdamW = require 'lunar.optim.adamw'
 local grad_buffer = require 'lunar.optim.grad_buffer'
+local reshard = require 'lunar.optim.reshard'
 
 local fail = tensor.fail
 
@@ -200,7 +201,6 @@ end
 -- ['step.<name>'] = (1) i64, ['place.<name>'] = the piece in global coordinates
 -- (lunar.optim.reshard.place: what another layout needs to read it)}
 function Dist:shard_state()
-    local reshard = require 'lunar.optim.reshard'
     local tensors = {}
     local buffer_id = reshard.buffer_id(self.group)
     for _, pc in ipairs(self.pieces) do
@@ -256,8 +256,7 @@ function Dist:load_state_dict(sd, o)
         local m, v = shard['exp_avg.' .. pc.name], shard['exp_avg_sq.' .. pc.name]
         local place = shard['place.' .. pc.name]
         if place then
-            local ok, why = require('lunar.optim.reshard').same_place(place, pc.start, pc.len, pc.entry.param:size(),
-                self.slices[pc.name])
+            local ok, why = reshard.same_place(place, pc.start, pc.len, self.slices[pc.name])
             if not ok then
                 fail(('the optimizer shard of rank %d: %s: %s'):format(self.buffer.rank, pc.name, why))
             end

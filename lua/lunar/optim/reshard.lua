@@ -63,9 +63,10 @@ local function parse(t, where)
 end
 
 -- whether a saved place is this piece's (the same layout): ok, or false and why not
-function M.same_place(t, start, len, shape, slice)
+function M.same_place(t, start, len, slice)
     local p = parse(t, 'place')
-    local want = parse(M.place(start, len, shape, slice, p.buffer), 'place')
+    local want = {start = start, len = len, dim = slice and slice.dim, bstart = slice and slice.start or 0,
+                  blen = slice and slice.len or 0}
     for _, k in ipairs({'start', 'len', 'dim', 'bstart', 'blen'}) do
         if p[k] ~= want[k] then
             return false, ('the checkpoint\'s piece has %s %s, this layout\'s %s (another layout: it is resharded only '

@@ -23,7 +23,9 @@ local METRIC_SET = {}
 for _, m in ipairs(loss.METRICS) do METRIC_SET[m[1]] = true end
 
 -- the micro-batches' metrics m (lunar.rl.loss.policy's) into acc: {name = {v =, w =}} (loss.METRICS
--- says how each combines)
+-- says how each combines). 'sum' and 'mean' add into v (a mean weighted by the micro-batch's
+-- tokens, w their total); 'min' and 'max' keep the largest of v (of -v for a minimum); w > 0
+-- says the metric was seen.
 local function add_metrics(acc, m)
     for k, v in pairs(m) do
         if type(v) == 'number' and not METRIC_SET[k] then error('lunar.rl.loss.METRICS does not list the metric ' .. k) end
@@ -31,53 +33,41 @@ local function add_metrics(acc, m)
     for _, spec in ipairs(loss.METRICS) do
         local k, how, v = spec[1], spec[2], m[spec[1]]
         if type(v) == 'number' then
-            local a = acc[k] or {v = how == 'min' and math.huge or how == 'max' and -math.huge or 0, w = 0}
+            local a = acc[k] or {v = (how == 'min' or how == 'max') and -math.huge or 0, w = 0}
             acc[k] = a
             if how == 'mean' then
                 local w = m.tokens or 1
                 a.v, a.w = a.v + v * w, a.w + w
-            elseif how == 'sum' then a.v, a.w = a.v + v, 1
-            elseif how == 'min' then a.v, a.w = math.min(a.v, v), 1
-            else a.v, a.w = math.max(a.v, v), 1 end
+            elseif how == 'sum' then a.v, a.w = a.v + v, a.w + 1
+            else a.v, a.w = math.max(a.v, how == 'min' and -v or v), a.w + 1 end
         end
     end
 end
 
--- acc combined over the data-parallel ranks (sums and weights added, extremes the largest or
--- smallest), then the values: {name = number}
+-- the metrics' values from acc, combined over the data-parallel ranks first (dp: the sums and
+-- weights added, the extremes' largest taken): {name = number}
 local function metric_values(acc, dp)
     if dp then
-        local flat, ext = {}, {}
+        local sums, highs = {}, {}
         for _, spec in ipairs(loss.METRICS) do
-            local a = acc[spec[1]] or {v = 0, w = 0}
-            if spec[2] == 'min' or spec[2] == 'max' then
-                local v = a.w > 0 and a.v or (spec[2] == 'min' and math.huge or -math.huge)
-                ext[#ext + 1] = spec[2] == 'min' and -v or v
-            else
-                flat[#flat + 1] = a.v
-            end
-            flat[#flat + 1] = a.w
+            local high = spec[2] == 'min' or spec[2] == 'max'
+            local a = acc[spec[1]] or {v = high and -math.huge or 0, w = 0}
+            if high then highs[#highs + 1] = a.v else sums[#sums + 1] = a.v end
+            sums[#sums + 1] = a.w
         end
-        flat, ext = {dp:sum(unpack(flat))}, {rlpar.max(dp, unpack(ext))}
+        sums, highs = {dp:sum(unpack(sums))}, {rlpar.max(dp, unpack(highs))}
         local i, j = 0, 0
         for _, spec in ipairs(loss.METRICS) do
-            local a = {}
-            if spec[2] == 'min' or spec[2] == 'max' then
-                j = j + 1
-                a.v = spec[2] == 'min' and -ext[j] or ext[j]
-            else
-                i = i + 1
-                a.v = flat[i]
-            end
+            local v
+            if spec[2] == 'min' or spec[2] == 'max' then j = j + 1; v = highs[j] else i = i + 1; v = sums[i] end
             i = i + 1
-            a.w = flat[i]
-            acc[spec[1]] = a.w > 0 and a or nil
+            acc[spec[1]] = {v = v, w = sums[i]}
         end
     end
     local out = {}
     for _, spec in ipairs(loss.METRICS) do
-        local a = acc[spec[1]]
-        if a and a.w > 0 then out[spec[1]] = spec[2] == 'mean' and a.v / a.w or a.v end
+        local a, how = acc[spec[1]], spec[2]
+        if a and a.w > 0 then out[spec[1]] = how == 'mean' and a.v / a.w or how == 'min' and -a.v or a.v end
     end
     return out
 end

@@ -35,8 +35,6 @@ local rlbatch = require 'lunar.rl.batch'
 local policy = require 'lunar.rl.policy'
 local rlpar = require 'lunar.rl.parallel'
 local data_parallel = require 'lunar.train.data_parallel'
-local sharded = require 'lunar.model.sharded'
-local dist = require 'lunar.dist'
 
 local fs = core.fs
 local user_error = core.user_error
@@ -90,28 +88,15 @@ local function setup(cfg)
     end
     run.sampler = prompts.sampler(run.problems, {seed = d.seed, shuffle = d.shuffle ~= false})
 
-    run.cm = checkpoint.manager{dir = cfg.checkpoint.dir, every = cfg.checkpoint.every,
-                                keep_last = cfg.checkpoint.keep_last, group = dp and dist.world(),
-                                quiet = dp and not dp:is_main() or nil}
-    local st = setting_error('checkpoint.resume=' .. cfg.checkpoint.resume, base.find_checkpoint, cfg, run.cm)
-    if dp then dp:check_same_checkpoint(st) end
-    if st then base.check_resumed_recipe(cfg, st) end
-    local reshard = st and base.check_resumed_layout(cfg, st, dp)
+    local st, reshard
+    run.cm, st, reshard = base.open_checkpoints(cfg, dp)
     run.st = st
     run.model = setting_error(st and not cfg.peft and ('the checkpoint ' .. st.model_dir) or model_setting,
         base.build_model, cfg, st and st.model_dir, dp)
     local params = run.model.params
     if cfg.peft then
-        if st then
-            -- (expert parallel: the adapters of the experts this rank does not hold stay in the file)
-            run.adapters = setting_error('the checkpoint ' .. st.model_dir, lunar.peft.load, run.model, st.model_dir,
-                {skip = dp and dp.ep and data_parallel.is_expert or nil})
-            if st.extra and st.extra.lora_rng then run.adapters:set_rng_state(st.extra.lora_rng) end
-        else
-            run.adapters = setting_error('peft', lunar.peft.apply, run.model, cfg.peft)
-        end
+        run.adapters = base.adapters_of(cfg, run.model, st, dp)
         params = run.adapters.params
-        if dp and dp.ep then dp:check_adapters(run.adapters, mcfg.n_routed_experts / dp.ep:size()) end
     end
     -- the reference policy of the KL term: the base under the adapters, or the starting weights
     -- (split as the policy is)
@@ -136,18 +121,13 @@ local function setup(cfg)
         clip = o.clip_grad, accum = 1,
         schedule = {warmup = (o.warmup or 0) * per_step, total = cfg.train.steps * per_step, decay = o.schedule,
                     min_lr = o.min_lr}}
+    run.opt = base.optimizer_of(cfg, run.model, params, dp, adamw_opts, st, reshard)
     if dp then
-        run.opt = dp:optimizer(params, run.model, adamw_opts)
-        dp:report(cfg, run.model.params, run.opt, log, run.model)
         log(cfg, '  rl: each step\'s %d prompts split over the %d dp ranks (%s a rank)', rl.prompts, dp.size,
             rl.prompts % dp.size == 0 and tostring(rl.prompts / dp.size) or 'about ' .. math.floor(rl.prompts / dp.size))
-    else
-        run.opt = lunar.optim.AdamW.new(params, adamw_opts)
     end
     run.start = 0
     if st then
-        base.restore_optimizer(run.opt, st, dp, reshard)
-        if reshard then log(cfg, 'resharded the optimizer state of %s: %s', st.dir, reshard) end
         local ok, err = pcall(run.sampler.set_state, run.sampler, st.data)
         if not ok then
             if not cfg.checkpoint.allow_changes then user_error(('resuming %s: %s'):format(st.dir, strip_where(err))) end

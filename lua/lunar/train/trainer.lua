@@ -375,6 +375,52 @@ local function restore_optimizer(opt, st, dp, reshard)
     end
 end
 
+-- the checkpoint manager of cfg.checkpoint.dir and the checkpoint to resume (nil: a fresh start),
+-- checked against this run: every rank resumes the same one, its recipe and layout are compared;
+-- reshard: a line saying from which layout, when the optimizer state is read into another
+local function open_checkpoints(cfg, dp)
+    local cm = checkpoint.manager{dir = cfg.checkpoint.dir, every = cfg.checkpoint.every,
+        keep_last = cfg.checkpoint.keep_last, group = dp and dist.world(), quiet = dp and not dp:is_main() or nil}
+    local st = setting_error('checkpoint.resume=' .. cfg.checkpoint.resume, find_checkpoint, cfg, cm)
+    if dp then dp:check_same_checkpoint(st) end
+    if st then check_resumed_recipe(cfg, st, dp) end
+    return cm, st, st and check_resumed_layout(cfg, st, dp)
+end
+
+-- a LoRA run's adapters on `model`: read back from checkpoint st (the base weights come from
+-- model.path), or applied fresh
+local function adapters_of(cfg, model, st, dp)
+    local adapters
+    if st then
+        -- (expert parallel: the adapters of the experts this rank does not hold stay in the file)
+        adapters = setting_error('the checkpoint ' .. st.model_dir, lunar.peft.load, model, st.model_dir,
+            {skip = dp and dp.ep and data_parallel.is_expert or nil})
+        -- the dropout stream continues where it stopped (its draws count is in the checkpoint)
+        if st.extra and st.extra.lora_rng then adapters:set_rng_state(st.extra.lora_rng) end
+    else
+        adapters = setting_error('peft', lunar.peft.apply, model, cfg.peft)
+    end
+    if dp and dp.ep then dp:check_adapters(adapters, model.cfg.n_routed_experts / dp.ep:size()) end
+    return adapters
+end
+
+-- the optimizer of `params` (data parallel: lunar.train.data_parallel's, with its report; else
+-- AdamW), its state restored from checkpoint st (resharded from another layout: reshard)
+local function optimizer_of(cfg, model, params, dp, adamw_opts, st, reshard)
+    local opt
+    if dp then
+        opt = dp:optimizer(params, model, adamw_opts)
+        dp:report(cfg, model.params, opt, log, model)
+    else
+        opt = lunar.optim.AdamW.new(params, adamw_opts)
+    end
+    if st then
+        restore_optimizer(opt, st, dp, reshard)
+        if reshard then log(cfg, 'resharded the optimizer state of %s: %s', st.dir, reshard) end
+    end
+    return opt
+end
+
 -- ---- setup --------------------------------------------------------------------------------------
 
 -- expert parallel needs routed experts that the ep ranks divide (and an expert width etp
@@ -436,30 +482,16 @@ local function setup(cfg)
         r.valid_source = vsource
     end
 
-    r.cm = checkpoint.manager{dir = cfg.checkpoint.dir, every = cfg.checkpoint.every, keep_last = cfg.checkpoint.keep_last,
-        group = dp and dist.world(), quiet = dp and not dp:is_main() or nil}
-    local st = setting_error('checkpoint.resume=' .. cfg.checkpoint.resume, find_checkpoint, cfg, r.cm)
-    if dp then dp:check_same_checkpoint(st) end
-    if st then check_resumed_recipe(cfg, st, dp) end
-    local reshard = st and check_resumed_layout(cfg, st, dp)
+    local st, reshard
+    r.cm, st, reshard = open_checkpoints(cfg, dp)
     r.st = st
 
     r.model = setting_error(st and not cfg.peft and ('the checkpoint ' .. st.model_dir) or model_setting,
         build_model, cfg, st and st.model_dir, dp)
     local params = r.model.params
     if cfg.peft then
-        -- a resumed LoRA run reads its adapters back (the base weights come from model.path)
-        if st then
-            -- (expert parallel: the adapters of the experts this rank does not hold stay in the file)
-            r.adapters = setting_error('the checkpoint ' .. st.model_dir, lunar.peft.load, r.model, st.model_dir,
-                {skip = dp and dp.ep and data_parallel.is_expert or nil})
-            -- the dropout stream continues where it stopped (its draws count is in the checkpoint)
-            if st.extra and st.extra.lora_rng then r.adapters:set_rng_state(st.extra.lora_rng) end
-        else
-            r.adapters = setting_error('peft', lunar.peft.apply, r.model, cfg.peft)
-        end
+        r.adapters = adapters_of(cfg, r.model, st, dp)
         params = r.adapters.params
-        if dp and dp.ep then dp:check_adapters(r.adapters, mcfg.n_routed_experts / dp.ep:size()) end
     end
     log(cfg, 'model: %s, %.2fM parameters (%.2fM trainable)', r.model.cfg.architecture, r.model.params:count() / 1e6,
         params:count() / 1e6)
@@ -469,16 +501,9 @@ local function setup(cfg)
         lr = o.lr, betas = o.betas, eps = o.eps, weight_decay = o.weight_decay, no_decay = o.no_decay,
         clip = o.clip_grad, accum = cfg.train.grad_accum,
         schedule = {warmup = o.warmup or 0, total = cfg.train.steps, decay = o.schedule, min_lr = o.min_lr}}
-    if dp then
-        r.opt = dp:optimizer(params, r.model, adamw_opts)
-        dp:report(cfg, r.model.params, r.opt, log, r.model)
-    else
-        r.opt = lunar.optim.AdamW.new(params, adamw_opts)
-    end
+    r.opt = optimizer_of(cfg, r.model, params, dp, adamw_opts, st, reshard)
     r.start = 0
     if st then
-        restore_optimizer(r.opt, st, dp, reshard)
-        if reshard then log(cfg, 'resharded the optimizer state of %s: %s', st.dir, reshard) end
         local ok, err = pcall(r.loader.set_state, r.loader, st.data)
         if not ok then
             if not cfg.checkpoint.allow_changes then error(err, 0) end
@@ -779,8 +804,7 @@ end
 
 -- what the RL trainer (lunar.rl.trainer) shares with this one
 M.setup_parts = {model_config = model_config, build_model = build_model, check_writable = check_writable,
-                 find_checkpoint = find_checkpoint, check_resumed_recipe = check_resumed_recipe,
-                 check_resumed_layout = check_resumed_layout, restore_optimizer = restore_optimizer,
+                 open_checkpoints = open_checkpoints, adapters_of = adapters_of, optimizer_of = optimizer_of,
                  check_expert_parallel = check_expert_parallel,
                  checkpoint_model = checkpoint_model, write_final = write_final,
                  save_output = save_output, log = log, mib = mib, loss_fall = loss_fall}
