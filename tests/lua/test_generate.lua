@@ -1,5 +1,6 @@
 -- test_generate.lua: lunar.generate, the engine (continuous batching over the KV cache, sampling,
 -- stops, outputs), f32 on CPU unless said:
+--   * a prompt's n samples above max_batch are admitted together and the cache holds them;
 --   * requests that join and leave mid-run (a small max_batch, prompts of other lengths, stops at
 --     other steps) give each request ids and logprobs bit-identical to that request generated
 --     alone with the same seed, greedy and sampled, n samples sharing a prefill included; so
@@ -86,6 +87,23 @@ T:test('continuous batching: each request as if alone, greedy and sampled, bit f
         for _, r in ipairs(back) do
             local fwd = together[(#prompts - r.prompt) * (cfg.n or 1) + r.sample]
             same_list(r.ids, fwd.ids, 'reversed order')
+        end
+    end
+end)
+
+T:test('n samples above max_batch: a prompt\'s samples are admitted together, the cache holds them', function()
+    local model = lunar.model.load(ROOT .. 'glm5_dsa')
+    local V = model.cfg.vocab_size
+    local prompts = {{ids = prompt(5, V, 1), seed = 31}, {ids = prompt(21, V, 2), seed = 32}}
+    local opts = {max_new_tokens = 20, temperature = 1, n = 4, max_batch = 4, stop_token_ids = {}}
+    local wide = lunar.generate(model, prompts, opts)
+    for _, mb in ipairs({1, 2, 3}) do
+        opts.max_batch = mb
+        local narrow = lunar.generate(model, prompts, opts)
+        T.equal(#narrow, #wide, 'max_batch ' .. mb .. ': one result per sample')
+        for k, r in ipairs(narrow) do
+            T.equal(#r.ids, 20, ('max_batch %d prompt %d sample %d: every token generated'):format(mb, r.prompt, r.sample))
+            same_list(r.ids, wide[k].ids, ('max_batch %d prompt %d sample %d ids'):format(mb, r.prompt, r.sample))
         end
     end
 end)

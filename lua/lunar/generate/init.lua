@@ -217,7 +217,8 @@ function M.run(model, prompts, opts)
     end
     local stop_set = stop_ids(model, opts, tok, any_chat)
 
-    -- the cache: every sequence up to the model's context, at most max_batch of them at once
+    -- the cache: every sequence up to the model's context, at most max_batch of them at once (or
+    -- one prompt's n samples, which are admitted together when n is above max_batch)
     local max_seq = model.cfg.max_position_embeddings
     for _, r in ipairs(reqs) do
         if #r.ids >= max_seq then
@@ -232,7 +233,7 @@ function M.run(model, prompts, opts)
     if not budget then
         local plan = Cache.plan(model, {budget_bytes = 2 ^ 50, block_size = block, max_seq_len = need_len})
         local per_seq = math.ceil(need_len / block) * block * plan.bytes_per_token
-        budget = plan.overhead_bytes + per_seq * math.max(1, math.min(max_batch, #reqs * nsamp))
+        budget = plan.overhead_bytes + per_seq * math.max(1, math.min(math.max(max_batch, nsamp), #reqs * nsamp))
     end
     if par and par.tp then
         -- (everything that decides the batches and the tokens: the members must form the same ones)
