@@ -15,7 +15,9 @@
 -- any batch). Rank of prompt i: with the round's prompts cut into the step's mini-batches as one
 -- rank cuts its groups (floor(m * total / mini_batches)), each mini-batch's prompts are dealt in
 -- consecutive blocks over the dp ranks, so without dynamic sampling every rank trains its share
--- of every mini-batch.
+-- of every mini-batch. A mini-batch of fewer prompts than dp ranks deals them one a rank by their
+-- place in the round (prompt i to rank (i - 1) mod dp), so that small mini-batches do not all
+-- land on the same few ranks.
 --
 -- Dynamic sampling decides over the whole round: the informative flags of every rank's groups
 -- go to every rank (one all-reduce over dp) and each keeps its own groups among the first
@@ -43,7 +45,10 @@ end
 local function owner(i, count, k, D)
     for m = 1, k do
         local first, last = M.bounds(count, k, m)
-        if i <= last then return math.floor((i - first) * D / (last - first + 1)) end
+        if i <= last then
+            if last - first + 1 < D then return (i - 1) % D end
+            return math.floor((i - first) * D / (last - first + 1))
+        end
     end
 end
 
