@@ -10,8 +10,9 @@
 --   * an unwritable output directory is found before the first step;
 --   * rows that are not UTF-8 or have nothing to train on are counted as rejected, a step with
 --     no target is an error, too many rejected rows fail the run;
---   * a resumed run with other data or model settings is refused (unless allowed), other changes
---     are printed; consecutive skipped steps stop the run with a checkpoint;
+--   * a resumed run with other data or model settings is refused (unless allowed; a changed
+--     model.dtype always: the optimizer state is per dtype), other changes are printed;
+--     consecutive skipped steps stop the run with a checkpoint;
 --   * data.valid is evaluated into the metrics; every recipe writes its final output, with the
 --     base's companion files and, for adapters, the base named by path.
 local lunar = require 'lunar'
@@ -247,6 +248,18 @@ T:test('a resumed run with other data or model settings is refused; other change
     -- allowed: the data position starts again, and the run says so
     local r2 = run('sft', small(d, {train = {steps = 4}, data = {seq_len = 256}, checkpoint = {allow_changes = true}}))
     T.equal(r2.start_step, 3, 'resumed with allow_changes')
+    os.execute(('rm -rf %q'):format(d))
+end)
+
+T:test('a changed model.dtype is refused on resume even when changes are allowed (the optimizer state is per dtype)',
+    function()
+    local d = tmpdir()
+    run('sft', small(d, {model = {dtype = 'bf16'}, checkpoint = {every = 2}}))
+    refuses(function() run('sft', small(d, {train = {steps = 4}, checkpoint = {allow_changes = true}})) end,
+        {'was written with model.dtype=bf16, this run has f32', 'is not converted to another dtype',
+         'model.dtype=bf16'})
+    local r = run('sft', small(d, {model = {dtype = 'bf16'}, train = {steps = 3}}))
+    T.equal(r.start_step, 2, 'resumed in its own dtype')
     os.execute(('rm -rf %q'):format(d))
 end)
 

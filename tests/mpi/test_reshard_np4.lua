@@ -8,9 +8,11 @@
 -- change, and a layout that would change the global batch is refused naming the rows. A
 -- one-process checkpoint resumes at tp=2 x ep=2 the same way. bf16 (with the f32 routers, a part
 -- per dtype): tp=2 x ep=2 follows one process within 1e-3, resumed at ep=4 within 1e-3 of the
--- uninterrupted run (a fresh state is 7e-3 away), and in its own layout bit for bit. The LoRA recipe resumes from tp=2 x ep=2 at ep=2 (dp=4) the same
--- way. A checkpoint of the replicated optimizer is refused in
--- another layout, naming both.
+-- uninterrupted run (a fresh state is 7e-3 away), and in its own layout bit for bit. The LoRA
+-- recipe resumes from tp=2 x ep=2 at ep=2 (dp=4) the same way; LoRA on the routed experts alone
+-- (no dense adapter: one optimizer part, reduced over edp) follows one process at tp=2 x ep=2 and
+-- resumes at ep=4. A checkpoint of the replicated optimizer is refused in another layout, naming
+-- both.
 local lunar = require 'lunar'
 local common = dofile('tests/mpi/common.lua')
 local dpc = dofile('tests/mpi/dp_common.lua')
@@ -105,6 +107,26 @@ T:test('LoRA from tp=2 x ep=2 resumed at ep=2 (dp=4)', function()
     run('lora', dir .. '/cut', {data = {micro_batch = 2}, parallel = {tp = 2, ep = 2}, stop_after = 3})
     copy(dir .. '/cut', dir .. '/ep2')
     check('lora ep=2 (dp=4)', run('lora', dir .. '/ep2', {data = {micro_batch = 1}, parallel = {ep = 2}}), whole)
+    d.barrier()
+    if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
+end)
+
+T:test('LoRA on the routed experts alone (no dense adapter): tp=2 x ep=2 follows one process, resumed at ep=4',
+    function()
+    local dir = dpc.tmpdir()
+    local experts_only = {targets = {'^.*%.mlp%.experts%.%d+%.gate_proj$'}}
+    local whole = run('lora', dir .. '/whole', {peft = experts_only, data = {micro_batch = 2},
+        parallel = {tp = 2, ep = 2}})
+    local one
+    if d.rank() == 0 then one = single(dir .. '/one', {kind = 'lora', peft = experts_only,
+        data = {micro_batch = 4}}).losses end
+    d.barrier()
+    one = d.broadcast(lunar.tensor(one or {0, 0, 0, 0, 0, 0}, 'f64'), {root = 0}):tolist_flat()
+    dpc.same_losses(T, 'experts-only LoRA at tp=2 x ep=2', whole.losses, one, 6)
+    run('lora', dir .. '/cut', {peft = experts_only, data = {micro_batch = 2}, parallel = {tp = 2, ep = 2},
+        stop_after = 3})
+    check('experts-only lora ep=4 (dp=4)', run('lora', dir .. '/cut', {peft = experts_only, data = {micro_batch = 1},
+        parallel = {ep = 4}}), whole)
     d.barrier()
     if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
 end)

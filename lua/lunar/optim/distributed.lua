@@ -246,8 +246,9 @@ function Dist:load_state_dict(sd, o)
     end
     local why = layout_difference(sd.scalars.distributed, self:manifest(), self.buffer.rank, o.names_differ)
     if why then
-        fail(('the optimizer state cannot be loaded as this layout\'s: %s (lunar.optim.reshard reads it into another '
-            .. 'layout)'):format(why))
+        fail(('the optimizer state does not fit this run\'s parameters: %s (in the layout that wrote it, the '
+            .. 'model or its trainable parameters differ; a state from another layout is read by lunar.optim.reshard)')
+            :format(why))
     end
     local shard = o.shard
     if type(shard) ~= 'table' then fail('DistributedAdamW:load_state_dict: this rank\'s shard tensors are missing') end

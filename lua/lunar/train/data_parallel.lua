@@ -128,7 +128,15 @@ function DP:optimizer(store, model, adamw_opts)
     local parts = {}
     local function add(name, group, class, norm_opt, across)
         local dts = dtypes_of(class)
-        if #dts == 0 then dts = {false} end
+        -- a class with nothing to train on any rank (LoRA on the routed experts only: no dense
+        -- adapter) gets no part; one that some ranks train and others not cannot be reduced
+        local most = dist.all_reduce(core.from_flat({#dts}, {1}, 'f64', 'cpu'), {group = dist.world(), op = 'max'})
+        if most:item() == 0 then return end
+        if #dts == 0 then
+            core.user_error(('rank %d holds no trainable parameter of the %s part while other ranks do (trainable '
+                .. 'parameters, LoRA targets included, must reach every rank\'s %s)'):format(self.world_rank, name,
+                name == 'experts' and 'routed experts' or 'dense parameters'))
+        end
         for i, dt in ipairs(dts) do
             local filter = class
             if #dts > 1 then
@@ -150,7 +158,9 @@ function DP:optimizer(store, model, adamw_opts)
         self.buffers[#self.buffers + 1] = p.buffer
         if p.across then self.expert_buffer = self.expert_buffer or p.buffer else self.buffer = self.buffer or p.buffer end
     end
-    if #parts == 1 then return parts[1].opt end
+    if #parts == 0 then core.user_error('the model has no trainable parameter') end
+    -- (a part reduced across ep alone still sums its norm over ep: partitioned does that)
+    if #parts == 1 and not parts[1].across then return parts[1].opt end
     return partitioned.new(parts)
 end
 
@@ -388,10 +398,14 @@ function DP:report(cfg, params_store, opt, log, model)
             self.size, self.layout.key, world, cfg.data.micro_batch * cfg.train.grad_accum * self.size,
             cfg.data.micro_batch, cfg.train.grad_accum, self.size)
     end
-    log(cfg, '  gradients: %d elements in %d bucket%s of ~%s, %s; optimizer %s', b.total, #b.buckets,
-        #b.buckets == 1 and '' or 's', mib(self.bucket_elems * 4),
-        self.distributed and 'reduce-scattered' or 'all-reduced',
-        self.distributed and ('sharded: %d elements per rank'):format(b.shard_elems) or 'replicated on every rank')
+    if b then
+        log(cfg, '  gradients: %d elements in %d bucket%s of ~%s, %s; optimizer %s', b.total, #b.buckets,
+            #b.buckets == 1 and '' or 's', mib(self.bucket_elems * 4),
+            self.distributed and 'reduce-scattered' or 'all-reduced',
+            self.distributed and ('sharded: %d elements per rank'):format(b.shard_elems) or 'replicated on every rank')
+    else
+        log(cfg, '  gradients: only the routed experts\' (nothing else is trained)')
+    end
     if self.expert_buffer then
         local eb = self.expert_buffer
         log(cfg, '  expert parallel: ep=%d (ep groups of ranks %s)%s, edp=%d; the routed experts this rank holds: %d '

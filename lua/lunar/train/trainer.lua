@@ -415,6 +415,17 @@ local function optimizer_of(cfg, model, params, dp, adamw_opts, st, reshard)
         opt = lunar.optim.AdamW.new(params, adamw_opts)
     end
     if st then
+        -- the state holds moments (and f32 master weights of non-f32 parameters) per parameter
+        -- dtype, not converted to another: a changed model.dtype (allowed by
+        -- checkpoint.allow_changes) would drop or misread them. (LoRA's adapters stay f32.)
+        local saved = st.extra and st.extra.recipe
+        local was = not cfg.peft and saved and saved['model.dtype']
+        if was and was ~= tostring(cfg.model.dtype) then
+            user_error(('%s was written with model.dtype=%s, this run has %s: the optimizer state (its moments and f32 '
+                .. 'master weights) is not converted to another dtype. Resume with model.dtype=%s, or start a new run '
+                .. 'from its weights (model.path=%s/model, checkpoint.resume=none)'):format(st.dir, was,
+                tostring(cfg.model.dtype), was, st.dir))
+        end
         restore_optimizer(opt, st, dp, reshard)
         if reshard then log(cfg, 'resharded the optimizer state of %s: %s', st.dir, reshard) end
     end
