@@ -76,36 +76,45 @@ function M.same_place(t, start, len, slice)
     return true
 end
 
+-- one old rank's optimizer shard: its file kept open in files, each piece's place added to its
+-- parameter's entry (with the update count)
+local function read_shard(path, files, add)
+    local f = lio.safetensors_open(path)
+    files[#files + 1] = f
+    local keys = f:keys()
+    local has = {}
+    for _, key in ipairs(keys) do has[key] = true end
+    local placed = {}
+    for _, key in ipairs(keys) do
+        local name = key:match('^place%.(.+)$')
+        if name then
+            placed[name] = true
+            local e = add(name, {place = parse(f:tensor(key), path .. ': ' .. key), file = f, has = has})
+            if has['step.' .. name] and not e.step then e.step = f:tensor('step.' .. name):item() end
+        end
+    end
+    for _, key in ipairs(keys) do
+        local name = key:match('^exp_avg%.(.+)$')
+        if name and not placed[name] then
+            fail(('%s holds the optimizer state of %s without its place: it was written before the state could '
+                .. 'be resharded; resume it in the layout that wrote it, or set checkpoint.resume=none')
+                :format(path, name))
+        end
+    end
+end
+
 -- the old layout's pieces by parameter name: {[name] = {pieces = {{place, file or tensors}}, step =}}
 local function sources(loaded)
     local by_name, files = {}, {}
     local function add(name, piece) local e = by_name[name] or {pieces = {}}; by_name[name] = e; e.pieces[#e.pieces + 1] = piece; return e end
     if type(loaded.shards) == 'table' then
-        for r, rel in ipairs(loaded.shards) do
-            local path = loaded.dir .. '/' .. rel
-            local f = lio.safetensors_open(path)
-            files[#files + 1] = f
-            local keys = f:keys()
-            local has = {}
-            for _, key in ipairs(keys) do has[key] = true end
-            local placed = {}
-            for _, key in ipairs(keys) do
-                local name = key:match('^place%.(.+)$')
-                if name then
-                    placed[name] = true
-                    local e = add(name, {place = parse(f:tensor(key), path .. ': ' .. key), file = f, has = has})
-                    if has['step.' .. name] and not e.step then e.step = f:tensor('step.' .. name):item() end
-                end
-            end
-            for _, key in ipairs(keys) do
-                local name = key:match('^exp_avg%.(.+)$')
-                if name and not placed[name] then
-                    for _, g in ipairs(files) do g:close() end
-                    fail(('%s holds the optimizer state of %s without its place: it was written before the state could '
-                        .. 'be resharded; resume it in the layout that wrote it, or set checkpoint.resume=none')
-                        :format(path, name))
-                end
-            end
+        -- (a file that fails to open or parse closes the ones opened before it)
+        local ok, err = pcall(function()
+            for _, rel in ipairs(loaded.shards) do read_shard(loaded.dir .. '/' .. rel, files, add) end
+        end)
+        if not ok then
+            for _, g in ipairs(files) do g:close() end
+            error(err, 0)
         end
     else
         -- one rank: whole tensors
