@@ -81,7 +81,7 @@ M.defaults = {
         grad_accum = 1,          -- micro-batches per step
         log_every = 10,          -- a progress line every N steps (when not on a terminal)
         eval_every = 0,          -- evaluate data.valid every N steps (0: only at the end)
-        eval_batches = 0,        -- micro-batches per evaluation (0: the whole validation set)
+        eval_batches = 0,        -- rounds of micro_batch x dp rows per evaluation (0: all of data.valid)
         max_skipped_in_a_row = 10, -- stop (with a checkpoint) after this many consecutive skipped steps
     },
     optim = {

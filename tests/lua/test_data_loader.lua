@@ -2,7 +2,8 @@
 -- permutations are permutations, repeatable and different per seed and epoch; every document is
 -- seen exactly once per epoch; a state saved at any step (also mid-epoch and through a JSON round
 -- trip) and restored in a fresh loader gives exactly the same following batches, across epoch
--- boundaries; data-parallel ranks split each step's rows; a mismatched state is refused. Both
+-- boundaries; data-parallel ranks split each step's rows; with pad_last an epoch's rows are all
+-- taken once over the ranks, the last batch filled with padding; a mismatched state is refused. Both
 -- packings (best fit decreasing over buffers, first fit): every token of every document once per
 -- epoch, the same batches for the same seed, resuming mid-epoch, a state from before the packing
 -- setting, the efficiency line.
@@ -189,6 +190,39 @@ T:test('epochs limit, data-parallel slices, refused states', function()
     assert(not ok and err:find('documents = 30 but this loader has 31'), err)
     ok, err = pcall(function() loader(docs):set_state({version = 7}) end)
     assert(not ok and err:find('not a loader state'), err)
+end)
+
+T:test('pad_last: every row of the epoch once over the ranks, the last batch filled up with padding', function()
+    local docs = make_docs(30)
+    local rows = loader(docs):rows_per_epoch(0)
+    local tokens = 0
+    for _, d in ipairs(docs) do tokens = tokens + #d.ids end
+    for _, dp in ipairs({1, 2, 3, 4}) do
+        for _, mb in ipairs({1, 2, 5}) do
+            local seen, batches, targets = 0, nil, {}
+            for r = 0, dp - 1 do
+                local L = loader(docs, {epochs = 1, pad_last = true, micro_batch = mb, dp_size = dp, dp_rank = r,
+                                        shuffle = false})
+                local n = 0
+                while true do
+                    local b = L:next()
+                    if not b then break end
+                    n = n + 1
+                    eq(b.input_ids:size(1), mb, 'rows a batch')
+                    seen = seen + b.num_tokens
+                end
+                batches = batches or n
+                eq(n, batches, ('dp %d mb %d rank %d: batches'):format(dp, mb, r))
+            end
+            eq(batches, math.ceil(rows / (mb * dp)), ('dp %d mb %d: rounds'):format(dp, mb))
+            eq(seen, tokens, ('dp %d mb %d: every token once'):format(dp, mb))
+        end
+    end
+    -- without pad_last the rows short of a whole batch are left out
+    local L = loader(docs, {epochs = 1, micro_batch = 5, shuffle = false})
+    local n = 0
+    while L:next() do n = n + 1 end
+    eq(n, math.floor(rows / 5), 'whole batches only')
 end)
 
 T:test('a Megatron dataset as the source', function()

@@ -290,6 +290,26 @@ T:test('data.valid is evaluated into the metrics', function()
     end
     assert(r.summary.valid_loss == evals[2].valid_loss, 'the summary has the last evaluation')
     os.execute(('rm -rf %q'):format(d))
+    -- the whole set (eval_batches 0) is every row once, whatever the micro-batch: the rows left
+    -- after the last whole micro-batch are evaluated too (lr 1e-30: the weights stay the seeded ones)
+    local seen = {}
+    for _, mb in ipairs({1, 5, 7}) do   -- (24 rows: 4 and 3 left after the whole micro-batches)
+        local dm = tmpdir()
+        local e = run('sft', small(dm, {data = {valid = 'examples/data/sft/oasst_en100_conversations.jsonl',
+            micro_batch = mb}, train = {steps = 1, eval_every = 1, eval_batches = 0}, optim = {lr = 1e-30, min_lr = 0}}))
+        local ev
+        for line in read(dm .. '/metrics.jsonl'):gmatch('[^\n]+') do
+            if line:find('"valid_loss"') then ev = lunar.io.decode_json(line) end
+        end
+        assert(ev and ev.valid_loss == e.summary.valid_loss, 'micro_batch ' .. mb .. ': the evaluation logged')
+        seen[#seen + 1] = {mb = mb, loss = ev.valid_loss, tokens = ev.valid_tokens}
+        os.execute(('rm -rf %q'):format(dm))
+    end
+    for i = 2, #seen do
+        T.equal(seen[i].tokens, seen[1].tokens, ('valid tokens at micro_batch %d and %d'):format(seen[1].mb, seen[i].mb))
+        assert(math.abs(seen[i].loss - seen[1].loss) <= 1e-6 * seen[1].loss, ('valid loss %.9g at micro_batch %d, %.9g '
+            .. 'at %d'):format(seen[i].loss, seen[i].mb, seen[1].loss, seen[1].mb))
+    end
 end)
 
 T:test('benchmarks every N steps are logged and leave the training run as it was', function()

@@ -200,6 +200,20 @@ T:test('the golden event file is reproduced byte for byte', function()
     if tail ~= want then error('event bytes after wall_time differ') end
 end)
 
+T:test('flops_devices: TFLOP/s and MFU per device, tokens/s the job\'s', function()
+    local m = metrics.new{total_steps = 2, warmup_steps = 0, flops_per_token = 1e9, peak_flops = 1e12,
+        flops_devices = 4, progress = false, summary = false, clock = fake_clock({10, 12, 14})}
+    m:log(1, {loss = 1, tokens = 8000})
+    local rec = m:log(2, {loss = 1, tokens = 8000})
+    local s = m:summary()
+    T.equal(s.tokens_per_s, 4000, 'tokens/s of the job')
+    T.close(s.tflops, 4000 * 1e9 / 4 / 1e12, {rtol = 1e-14, atol = 0})
+    T.close(s.mfu, 1.0, {rtol = 1e-14, atol = 0})
+    assert(m:summary_text():find('TFLOP/s/device', 1, true), 'the summary says per device')
+    m:close()
+    T.equal(rec.tokens_per_s, 4000, 'a step\'s tokens/s')
+end)
+
 T:test('a logged run: JSONL lines and events (tags, steps, float32 values) agree', function()
     local dir = base .. '/run1'
     local clock = fake_clock({100, 102, 103, 105, 105.5, 106.5, 107.5})

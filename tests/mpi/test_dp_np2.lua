@@ -53,7 +53,15 @@ T:test('20 steps of the tiny SFT recipe at dp=2 give the losses of one rank', fu
         assert(rel <= 1e-5, ('replicated optimizer, step %d: loss %.9g, one rank %.9g'):format(i, rep.losses[i],
             one.losses[i]))
     end
-    if d.rank() == 0 then print(('  20 steps: worst loss rel %.2g'):format(worst)) end
+    if d.rank() == 0 then
+        print(('  20 steps: worst loss rel %.2g'):format(worst))
+        -- tokens/s is the job's (both ranks' tokens), TFLOP/s per rank's device: FLOPs per token
+        -- (TFLOP/s over tokens/s) are half one process's
+        local per = dp.summary.tflops / dp.summary.tokens_per_s
+        local want = one.summary.tflops / one.summary.tokens_per_s / 2
+        assert(math.abs(per - want) <= 1e-9 * want, ('TFLOP/s per token/s %.6g at dp=2, want %.6g'):format(per, want))
+        T.equal(dp.summary.total_tokens, one.summary.total_tokens, 'tokens counted over both ranks')
+    end
     d.barrier()
     if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
 end)

@@ -39,7 +39,8 @@ T:test('heads that tp does not divide fail on every rank naming the numbers', fu
     local tp = d.layout{tp = 2}:group('tp')
     T.raises(function() lunar.model.new(cfg, {tp = tp}) end, 'num_key_value_heads 1 is not divisible by tp = 2')
     T.raises(function() lunar.model.new(dpc.preset.common.model.config, {tp = tp, indexer_loss_coeff = 0.1}) end,
-        'tensor parallel (tp = 2) with the DSA indexer loss is not implemented')
+        'tensor parallel (tp = 2) with the DSA indexer loss (indexer_loss_coeff 0.1; a recipe\'s '
+        .. 'model.indexer_loss_coeff) is not implemented')
     local recipes = dofile('recipes/common.lua')
     local dir = dpc.tmpdir()
     T.raises(function() recipes.run('lora', dpc.recipe(dir .. '/b', {parallel = {tp = 2}, peft = {dropout = 0.1}})) end,

@@ -4,7 +4,8 @@
 -- rank's block against its block of the whole gradient); so do tp x ep layouts (each tp rank sends
 -- its share of the tokens to the experts), and 20 SFT steps in them; tp=2 x ep=2 checkpoints resume
 -- bit for bit and load at one rank and at ep=4, and its written model is the one-rank file; the
--- LoRA recipe at tp=2 x ep=2 gives one rank's losses and adapters and resumes bit for bit.
+-- LoRA recipe at tp=2 x ep=2 gives one rank's losses and adapters and resumes bit for bit; the
+-- whole model's parameter and adapter counts come out of every layout's blocks.
 local lunar = require 'lunar'
 local common = dofile('tests/mpi/common.lua')
 local dpc = dofile('tests/mpi/dp_common.lua')
@@ -218,6 +219,25 @@ T:test('the LoRA recipe at tp=2 x ep=2: the losses of one rank, the adapters one
     dpc.stop_and_resume(T, 'lora', dir, over, whole)
     d.barrier()
     if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end
+end)
+
+T:test('the whole model\'s parameter and adapter counts from any layout\'s blocks (the report\'s model line)',
+    function()
+    local data_parallel = require 'lunar.train.data_parallel'
+    local cfg = dpc.preset.common.model.config
+    local targets = dpc.preset.lora.peft.targets
+    local one = lunar.model.new(cfg, {seed = 1})
+    local want, want_lora = one.params:count(), lunar.peft.apply(one, {targets = targets}).params:count()
+    for _, p in ipairs({{tp = 2, ep = 2}, {tp = 4}, {ep = 2, etp = 2}, {ep = 4}, {tp = 2}}) do
+        local dp = data_parallel.setup({parallel = p})
+        local m = lunar.model.new(cfg, {seed = 1, tp = dp.tp, ep = dp.ep, etp = dp.etp})
+        local label = ('tp %d ep %d etp %d'):format(p.tp or 1, p.ep or 1, p.etp or 1)
+        assert(m.params:count() < want or (p.tp or 1) * (p.ep or 1) * (p.etp or 1) == 1, label .. ': a rank holds part')
+        T.equal(dp:whole_count(m.params, m), want, label .. ': parameters')
+        if not p.etp then
+            T.equal(dp:whole_count(lunar.peft.apply(m, {targets = targets}).params, m), want_lora, label .. ': adapters')
+        end
+    end
 end)
 
 os.exit(T:run())

@@ -7,7 +7,7 @@
 --
 --   local L = data.loader{source =, seq_len =, micro_batch = 1, seed = 0, shuffle = true,
 --       pad_to_multiple = 1, overlong = 'truncate', packing = 'bfd', pack_buffer = 10000,
---       pad_id = 0, dp_rank = 0, dp_size = 1, epochs = nil, quiet = false}
+--       pad_id = 0, dp_rank = 0, dp_size = 1, epochs = nil, pad_last = false, quiet = false}
 --     source: a list of documents ({ids =, mask =} or lists of ids) or an object with :count(),
 --     :length(i) (or :document_lengths()), :tokens(i) [, :mask(i)] such as a Megatron dataset.
 --     Each epoch e (0, 1, ...) packs the documents in the order permutation(n, seed, e) (1..n
@@ -19,7 +19,10 @@
 --     takes micro_batch * dp_size rows and rank dp_rank gets its slice.
 --   L:next() -> batch (see lunar.data.pack: input_ids, labels, targets, position_ids,
 --       cu_seqlens, num_tokens, num_targets) plus batch.epoch (epoch of its first row) and
---       batch.step (1, 2, ...); nil once `epochs` epochs are consumed
+--       batch.step (1, 2, ...); nil once `epochs` epochs are consumed. With pad_last (and
+--       epochs), the rows left at the end that do not fill micro_batch * dp_size come as a last
+--       batch filled up with rows of padding (no target; a rank may get padding only), so that
+--       every row is taken once and every rank gets as many batches (an evaluation)
 --   L:state() -> {version = 1, epoch =, row =, step =, config = {...}}: a plain table (JSON-able)
 --       with the position (the next row of epoch `epoch`, 0-based count of rows taken) and the
 --       settings that fix the order. The plan of an epoch is recomputed from (seed, epoch), so
@@ -112,6 +115,7 @@ function M.loader(opts)
             tostring(self.dp_size)))
     end
     self.epochs = opts.epochs
+    self.pad_last = opts.pad_last and true or false
     -- everything that fixes the sequence of batches (compared by set_state)
     self.config = {
         seed = seed,
@@ -156,7 +160,11 @@ function Loader:next()
     local rows, first_epoch = {}, nil
     local epoch, row = self.epoch, self.row
     while #rows < want do
-        if self.epochs and epoch >= self.epochs then return nil end
+        if self.epochs and epoch >= self.epochs then
+            if not (self.pad_last and #rows > 0) then return nil end
+            while #rows < want do rows[#rows + 1] = {} end   -- a row of padding: no segment
+            break
+        end
         local plan = self:plan(epoch)
         if row >= #plan.rows then
             epoch, row = epoch + 1, 0
@@ -167,7 +175,7 @@ function Loader:next()
         end
     end
     self.epoch, self.row = epoch, row
-    if row >= #self:plan(epoch).rows then
+    if (not self.epochs or epoch < self.epochs) and row >= #self:plan(epoch).rows then
         -- normalise "end of epoch e" to "start of epoch e + 1" so that states compare equal
         self.epoch, self.row = epoch + 1, 0
     end

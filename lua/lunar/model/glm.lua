@@ -157,8 +157,9 @@ function M.tp_of(cfg, opts)
     end
     if (opts.indexer_loss_coeff or 0) > 0 then
         -- the indexer's KL target is the attention's distribution summed over all heads
-        tensor.fail(('tensor parallel (tp = %d) with the DSA indexer loss is not implemented in this version of lunar')
-            :format(g:size()))
+        tensor.fail(('tensor parallel (tp = %d) with the DSA indexer loss (indexer_loss_coeff %s; a recipe\'s '
+            .. 'model.indexer_loss_coeff) is not implemented in this version of lunar: set it to 0 or parallel.tp=1')
+            :format(g:size(), tostring(opts.indexer_loss_coeff)))
     end
     for _, k in ipairs({'num_attention_heads', 'num_key_value_heads', opts.split_indexer and 'index_n_heads' or nil}) do
         if (cfg[k] or 0) % g:size() ~= 0 then

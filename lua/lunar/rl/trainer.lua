@@ -110,8 +110,10 @@ local function setup(cfg)
         if L.mlp_type == 'sparse' then run.moe_layers[#run.moe_layers + 1] = i - 1 end
     end
     run.moe = #run.moe_layers > 0
+    -- (a split model: the whole model's numbers, not this rank's blocks)
+    local function count(store) return dp and dp:whole_count(store, run.model) or store:count() end
     log(cfg, 'model: %s, %.2fM parameters (%.2fM trainable)%s', run.model.cfg.architecture,
-        run.model.params:count() / 1e6, params:count() / 1e6,
+        count(run.model.params) / 1e6, count(params) / 1e6,
         run.moe and (cfg.rl.routing_replay and ', routing replay on' or ', routing replay off') or '')
 
     local o, rl = cfg.optim, cfg.rl

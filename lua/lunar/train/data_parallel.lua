@@ -164,6 +164,25 @@ function DP:optimizer(store, model, adamw_opts)
     return partitioned.new(parts)
 end
 
+-- the elements of the whole model's tensors in `store` (the model's parameters or the LoRA
+-- adapters'), counted from this rank's blocks: a tp or etp block stands for its group's blocks,
+-- and the routed experts of the ep members add up (collective over ep)
+function DP:whole_count(store, model)
+    local factor = {}
+    if self.tp then
+        for n in pairs(model:tp_slices('tp')) do factor[n] = self.tp:size() end
+        if model.params.lora then for n in pairs(lora.tp_slices(model.params.lora)) do factor[n] = self.tp:size() end end
+    end
+    if self.etp then for n in pairs(model:tp_slices('etp')) do factor[n] = self.etp:size() end end
+    local dense, experts = 0, 0
+    for name in store:names() do
+        local n = store:get(name):numel() * (factor[name] or 1)
+        if self.ep and is_expert(name) then experts = experts + n else dense = dense + n end
+    end
+    if self.ep then experts = dist.all_reduce(core.from_flat({experts}, {1}, 'f64', 'cpu'), {group = self.ep}):item() end
+    return dense + experts
+end
+
 -- the largest peak memory of any rank (collective over the world): the process's peak resident
 -- memory, or the peak of lunar's pool on `device` (not 'cpu')
 function DP:peak_memory(device)

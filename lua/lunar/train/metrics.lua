@@ -25,6 +25,9 @@
 --                  lunar.model.flops.training_per_token(cfg, T); enables TFLOP/s and MFU
 --   peak_flops     peak FLOP/s of one device (989e12: H100 dense BF16); enables MFU
 --   devices        devices the step's tokens are spread over (default 1): rates are per device
+--   flops_devices  devices the model FLOPs are spread over (default devices): TFLOP/s and MFU
+--                  are per device of them while tokens/s stays the job's (a data-parallel run:
+--                  its tokens summed over the ranks, each rank's device measured for MFU)
 --   memory         'process' (peak resident memory, VmHWM of /proc/self/status; default) or a
 --                  device ('cuda:0': the peak of lunar's pool on it)
 --   progress       'auto' (a bar on a terminal, plain lines otherwise; default), 'bar', 'lines'
@@ -190,6 +193,7 @@ function M.new(o)
         total = total, start_step = o.start_step or 0,
         warmup = o.warmup_steps or math.min(10, math.floor((total or 0) / 5)),
         flops_per_token = o.flops_per_token, peak_flops = o.peak_flops, devices = o.devices or 1,
+        flops_devices = o.flops_devices or o.devices or 1,
         memory = o.memory or 'process', out = o.out or io.stdout, log_every = o.log_every or 1,
         clock = o.clock or core.clock, wall_time = o.wall_time or fs.wall_time,
         rows = {}, skipped = 0, nan = 0, peak_mem = nil, bar_open = false,
@@ -293,7 +297,7 @@ function Metrics:log(step, rec)
     if rec.tokens and dt > 0 then
         r.tokens_per_s = rec.tokens / dt / self.devices
         if self.flops_per_token then
-            r.tflops = rec.tokens * self.flops_per_token / dt / self.devices / 1e12
+            r.tflops = rec.tokens * self.flops_per_token / dt / self.flops_devices / 1e12
             if self.peak_flops then r.mfu = r.tflops * 1e12 / self.peak_flops end
         end
     end
@@ -493,7 +497,7 @@ function Metrics:summary()
     if tokens > 0 and time > 0 then
         s.tokens_per_s = tokens / time / self.devices
         if self.flops_per_token then
-            s.tflops = tokens * self.flops_per_token / time / self.devices / 1e12
+            s.tflops = tokens * self.flops_per_token / time / self.flops_devices / 1e12
             if self.peak_flops then s.mfu = s.tflops * 1e12 / self.peak_flops end
         end
     end
@@ -520,9 +524,10 @@ function Metrics:summary_text()
         or 'mean of all steps'
     add('Step time', ('%s ms (%s)'):format(commas(s.mean_step_time_s * 1000, 3), which))
     local per = self.devices > 1 and '/device' or ''
+    local fper = self.flops_devices > 1 and '/device' or ''
     if s.tokens_per_s then add('Token throughput', commas(s.tokens_per_s, 3) .. ' tokens/s' .. per) end
-    if s.tflops then add('Model throughput', ('%s TFLOP/s%s'):format(commas(s.tflops, 3), per)) end
-    if s.mfu then add('MFU', ('%.2f%% of %s TFLOP/s peak'):format(100 * s.mfu, commas(self.peak_flops / 1e12, 1)))
+    if s.tflops then add('Model throughput', ('%s TFLOP/s%s'):format(commas(s.tflops, 3), fper)) end
+    if s.mfu then add('MFU', ('%.2f%% of %s TFLOP/s peak%s'):format(100 * s.mfu, commas(self.peak_flops / 1e12, 1), fper))
     elseif s.tflops then add('MFU', 'n/a (set metrics.peak_flops, FLOP/s of one device)') end
     if s.peak_mem_bytes then
         add(self.memory == 'process' and 'Peak memory (process RSS)' or ('Peak memory (%s pool)'):format(self.memory),

@@ -130,7 +130,7 @@ local function make_loader(cfg, source, opts)
     return data.loader{source = source, seq_len = d.seq_len, micro_batch = d.micro_batch, seed = d.seed,
         shuffle = opts.shuffle, pad_to_multiple = d.pad_to_multiple, quiet = opts.quiet, epochs = opts.epochs,
         packing = d.packing, pack_buffer = d.pack_buffer,
-        dp_rank = opts.dp and opts.dp.rank, dp_size = opts.dp and opts.dp.size,
+        dp_rank = opts.dp and opts.dp.rank, dp_size = opts.dp and opts.dp.size, pad_last = opts.pad_last,
         overlong = d.overlong or (pretraining and 'split' or 'truncate')}
 end
 
@@ -504,8 +504,10 @@ local function setup(cfg)
         r.adapters = adapters_of(cfg, r.model, st, dp)
         params = r.adapters.params
     end
-    log(cfg, 'model: %s, %.2fM parameters (%.2fM trainable)', r.model.cfg.architecture, r.model.params:count() / 1e6,
-        params:count() / 1e6)
+    -- (a split model: the whole model's numbers, not this rank's blocks)
+    local function count(store) return dp and dp:whole_count(store, r.model) or store:count() end
+    log(cfg, 'model: %s, %.2fM parameters (%.2fM trainable)', r.model.cfg.architecture, count(r.model.params) / 1e6,
+        count(params) / 1e6)
 
     local o = cfg.optim
     local adamw_opts = {
@@ -568,33 +570,27 @@ local function train_step(r, step)
             peak_mem_bytes = r.dp and r.dp:peak_memory(r.model:device()) or nil}   -- the largest of any rank
 end
 
--- the mean loss per target token of data.valid (train.eval_batches micro-batches, or all of it)
+-- the mean loss per target token of data.valid (train.eval_batches rounds, or all of it)
 local function evaluate(r)
-    local loader = make_loader(r.cfg, r.valid_source, {shuffle = false, quiet = true, epochs = 1})
+    -- data parallel: each call gives this rank its micro-batch of the next micro_batch x dp rows,
+    -- the last ones filled up with padding, so every row is evaluated once and every rank runs
+    -- as many forwards (expert and tensor parallel exchange rows in them); train.eval_batches
+    -- counts those rounds, so a layout of the same micro_batch x dp evaluates the same rows
+    local loader = make_loader(r.cfg, r.valid_source, {shuffle = false, quiet = true, epochs = 1, pad_last = true,
+                                                       dp = r.dp})
     if r.adapters then r.adapters:eval() end
     local sum, targets, limit, n = 0, 0, r.cfg.train.eval_batches, 0
-    -- expert parallel: the forward exchanges rows with the other ep ranks, so every rank runs as
-    -- many forwards as the others (a batch without targets too; the last rounds repeat one, uncounted)
-    local lockstep = r.dp and r.dp.ep ~= nil
-    local ran, last = 0, nil
+    -- (the members of a tp group hold the same rows: they skip a round without targets together)
+    local collective = r.dp and r.dp.ep ~= nil
     while limit == 0 or n < limit do
         local b = loader:next()
         if not b then break end
         n = n + 1
-        -- data parallel: each rank evaluates every dp-th micro-batch of the whole set
-        local mine = not r.dp or (n - 1) % r.dp.size == r.dp.rank
-        if mine and (b.num_targets > 0 or lockstep) then
-            ran, last = ran + 1, b
+        if b.num_targets > 0 or collective then
             lunar.scope(function()
                 local out = r.model:forward(b, {loss = true, num_items_in_batch = math.max(b.num_targets, 1), keep = false})
                 if b.num_targets > 0 then sum, targets = sum + out.loss * b.num_targets, targets + b.num_targets end
             end)
-        end
-        last = last or b
-    end
-    if lockstep then
-        for _ = ran + 1, math.ceil(n / r.dp.size) do
-            lunar.scope(function() r.model:forward(last, {loss = true, num_items_in_batch = 1, keep = false}) end)
         end
     end
     if r.adapters then r.adapters:train() end
@@ -736,6 +732,8 @@ function M.run(cfg)
     local m = main and metrics_mod.new{dir = cfg.metrics.dir, total_steps = cfg.train.steps, start_step = r.start,
         warmup_steps = cfg.metrics.warmup_steps, flops_per_token = flops.training_per_token(r.model.cfg, cfg.data.seq_len),
         peak_flops = cfg.metrics.peak_flops, progress = (not cfg.quiet) and cfg.metrics.progress,
+        -- (several ranks: tokens/s is the job's, TFLOP/s and MFU per rank's device)
+        flops_devices = r.dp and dist.world_size() or nil,
         log_every = cfg.train.log_every, counts = r.st and r.st.metrics or nil, summary = true,
         -- on a device, the peak of lunar's pool there (the process's resident memory says nothing about it)
         memory = r.model:device() ~= 'cpu' and r.model:device() or nil,
