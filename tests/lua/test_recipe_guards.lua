@@ -180,6 +180,26 @@ T:test('a checkpoint directory whose checkpoints are all unusable is refused, li
     os.execute(('rm -rf %q'):format(d))
 end)
 
+T:test('a checkpoint whose model file has a damaged header and no CRC (a large file) is skipped, saying why',
+    function()
+    local d = tmpdir()
+    local ck = d .. '/ckpt'
+    run('sft', small(d, {train = {steps = 4}, checkpoint = {every = 2}}))
+    -- the marker of step 4 keeps the model file's size only, as for a file over its CRC limit
+    local marker = lunar.io.read_json(ck .. '/step_000004/COMPLETE.json')
+    local rel = 'model/model.safetensors'
+    assert(marker.files[rel], 'the marker lists ' .. rel)
+    marker.files[rel].crc32c = nil
+    lunar.io.write_json(ck .. '/step_000004/COMPLETE.json', marker)
+    local f = assert(io.open(ck .. '/step_000004/' .. rel, 'r+b'))
+    f:seek('set', 9)
+    f:write('\255\254')   -- two bytes of the header's JSON: not UTF-8
+    f:close()
+    local r = run('sft', small(d, {train = {steps = 5}, checkpoint = {every = 2}}))
+    T.equal(r.start_step, 2, 'resumed from the sound checkpoint of step 2')
+    os.execute(('rm -rf %q'):format(d))
+end)
+
 T:test('an output directory that cannot be written is found before the first step', function()
     local d = tmpdir()
     write(d .. '/afile', 'x')

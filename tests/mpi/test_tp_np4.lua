@@ -185,6 +185,22 @@ T:test('tp=2 x ep=2 checkpoints: the written model is the one-rank file byte for
         os.execute(('cp -r %q %q'):format(ck, dir .. '/broken'))
         os.remove(dir .. '/broken/rank_00001.safetensors')
         T.raises(function() lunar.model.load(dir .. '/broken') end, 'lists rank_00001.safetensors, which is missing')
+        -- a manifest that does not describe the pieces is refused naming the tensor: pieces that
+        -- overlap (and leave rows nobody holds, the same count of elements), a dtype the file does
+        -- not hold, a missing field
+        local function edited(label, edit, wants)
+            local sub = dir .. '/' .. label
+            os.execute(('rm -rf %q && cp -r %q %q'):format(sub, ck, sub))
+            local man = lunar.io.read_json(sub .. '/manifest.json')
+            for _, t in ipairs(man.tensors) do if t.name == 'model.embed_tokens.weight' then edit(t) end end
+            lunar.io.write_json(sub .. '/manifest.json', man)
+            T.raises(function() lunar.model.load(sub) end, wants)
+        end
+        edited('overlap', function(t) t.pieces[2].start = t.pieces[2].start - 100 end,
+            'tensor model.embed_tokens.weight: pieces overlap along dim 1 at 3100..3200')
+        edited('dtype', function(t) t.dtype = 'bf16' end,
+            'model.embed_tokens.weight is f32 (3200, 128), manifest.json says bf16 (3200, 128)')
+        edited('fields', function(t) t.pieces = nil end, 'tensor model.embed_tokens.weight: no pieces')
     end
     d.barrier()
     if d.rank() == 0 then os.execute(('rm -rf %q'):format(dir)) end

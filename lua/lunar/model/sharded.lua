@@ -86,10 +86,49 @@ function M.shard_tensors(model, plan, rank)
     return out
 end
 
-local function numel(shape)
-    local n = 1
-    for _, v in ipairs(shape) do n = n * v end
-    return n
+local function is_int(v, lo) return type(v) == 'number' and v == math.floor(v) and v >= lo end
+
+-- a manifest entry {name, shape, dtype, pieces} checked: the fields there and of their types, and
+-- the pieces tiling the tensor exactly (one whole piece, or blocks along one dim, each row once)
+local function check_entry(t, where)
+    if type(t) ~= 'table' or type(t.name) ~= 'string' then fail(('%s: a tensor entry without a name'):format(where)) end
+    local what = ('%s: tensor %s'):format(where, t.name)
+    if type(t.shape) ~= 'table' or #t.shape == 0 then fail(what .. ': no shape') end
+    for _, v in ipairs(t.shape) do if not is_int(v, 1) then fail(what .. ': the shape is not a list of sizes') end end
+    if type(t.dtype) ~= 'string' then fail(what .. ': no dtype') end
+    if type(t.pieces) ~= 'table' or #t.pieces == 0 then fail(what .. ': no pieces') end
+    local dim
+    for k, p in ipairs(t.pieces) do
+        if type(p) ~= 'table' or type(p.file) ~= 'string' then fail(('%s: piece %d has no file'):format(what, k)) end
+        if p.dim == nil then
+            if p.start ~= nil or p.len ~= nil or #t.pieces > 1 then
+                fail(('%s: piece %d (%s) is the whole tensor, but the tensor has %d pieces'):format(what, k, p.file,
+                    #t.pieces))
+            end
+        else
+            if not (is_int(p.dim, 1) and p.dim <= #t.shape and is_int(p.start, 0) and is_int(p.len, 1)
+                    and p.start + p.len <= t.shape[p.dim]) then
+                fail(('%s: piece %d (%s): dim %s, start %s, len %s is not a block of shape (%s)'):format(what, k, p.file,
+                    tostring(p.dim), tostring(p.start), tostring(p.len), table.concat(t.shape, ', ')))
+            end
+            if dim and p.dim ~= dim then fail(('%s: pieces split along dims %d and %d'):format(what, dim, p.dim)) end
+            dim = p.dim
+        end
+    end
+    if not dim then return end
+    local order = {}
+    for k, p in ipairs(t.pieces) do order[k] = p end
+    table.sort(order, function(a, b) return a.start < b.start end)
+    local at = 0
+    for _, p in ipairs(order) do
+        if p.start < at then
+            fail(('%s: pieces overlap along dim %d at %d..%d (%s)'):format(what, dim, p.start, at, p.file))
+        elseif p.start > at then
+            fail(('%s: no piece holds %d..%d along dim %d'):format(what, at, p.start, dim))
+        end
+        at = p.start + p.len
+    end
+    if at ~= t.shape[dim] then fail(('%s: no piece holds %d..%d along dim %d'):format(what, at, t.shape[dim], dim)) end
 end
 
 -- config.json and manifest.json into dir (made by the caller), for the pieces every rank of the
@@ -103,27 +142,19 @@ function M.write_manifest(model, dir, plan)
             if not t then
                 local src = model.source and model.source.dtypes and model.source.dtypes[p.name]
                 t = {name = p.name, shape = io.array(p.shape), dtype = p.dtype, source_dtype = src,
-                     pieces = io.array({}), covered = 0}
+                     pieces = io.array({})}
                 by_name[p.name] = t
                 order[#order + 1] = p.name
             end
             local piece = {file = M.file_name(q)}
-            local n = numel(p.shape)
-            if p.slice then
-                piece.dim, piece.start, piece.len = p.slice.dim, p.slice.start, p.slice.len
-                n = n / p.shape[p.slice.dim] * p.slice.len
-            end
+            if p.slice then piece.dim, piece.start, piece.len = p.slice.dim, p.slice.start, p.slice.len end
             t.pieces[#t.pieces + 1] = piece
-            t.covered = t.covered + n
         end
     end
     local list = io.array({})
     for _, name in ipairs(order) do
         local t = by_name[name]
-        if t.covered ~= numel(t.shape) then
-            fail(('sharded model: the pieces of %s cover %d of its %d elements'):format(name, t.covered, numel(t.shape)))
-        end
-        t.covered = nil
+        check_entry(t, 'sharded model')
         list[#list + 1] = t
     end
     io.write_json(dir .. '/config.json', model.cfg.raw or {})
@@ -144,6 +175,7 @@ local function manifest_of(dir)
         fail(('%s: version %s, this lunar reads version %d'):format(path, tostring(man.version), M.VERSION))
     end
     if type(man.tensors) ~= 'table' then fail(path .. ': no tensors list') end
+    for _, t in ipairs(man.tensors) do check_entry(t, path) end
     return man, path
 end
 
@@ -196,6 +228,16 @@ function M.read(dir, spec)
                     if n > 0 then
                         local src = file(p.file):tensor(s.name)
                         if not src then fail(('%s/%s holds no tensor %s'):format(dir, p.file, s.name)) end
+                        -- the stored block is the one the manifest describes
+                        local want = {}
+                        for i = 1, #whole do want[i] = phi[i] - plo[i] end
+                        local got = src:size()
+                        local same = #got == #want and src:dtype() == entry.dtype
+                        for i = 1, #want do same = same and got[i] == want[i] end
+                        if not same then
+                            fail(('%s/%s: %s is %s (%s), %s says %s (%s)'):format(dir, p.file, s.name, src:dtype(),
+                                table.concat(got, ', '), M.MANIFEST, entry.dtype, table.concat(want, ', ')))
+                        end
                         local dst = out
                         for i = 1, #whole do
                             src = src:narrow(i, lo[i] - plo[i] + 1, hi[i] - lo[i])

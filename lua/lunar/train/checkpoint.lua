@@ -45,6 +45,7 @@ local lio = require 'lunar.io'
 
 local fs = core.fs
 local fail = tensor.fail
+local strip_where = require('lunar.config').strip_where
 local is_tensor = tensor.is_tensor
 
 local M = {}
@@ -366,7 +367,7 @@ function M.check(dir, opts)
     local mpath = join(dir, M.MARKER)
     if not fs.stat(mpath) then return nil, 'no ' .. M.MARKER .. ' marker (the write did not finish)' end
     local ok, marker = pcall(lio.read_json, mpath)
-    if not ok then return nil, 'unreadable marker: ' .. tostring(marker) end
+    if not ok then return nil, 'unreadable marker: ' .. strip_where(marker) end
     if type(marker) ~= 'table' or marker.format ~= M.FORMAT or type(marker.files) ~= 'table' then
         return nil, M.MARKER .. ' is not a lunar checkpoint marker'
     end
@@ -388,7 +389,7 @@ function M.check(dir, opts)
     end
     if not marker.files[M.STATE] then return nil, 'the marker does not list ' .. M.STATE end
     local ok2, doc = pcall(lio.read_json, join(dir, M.STATE))
-    if not ok2 then return nil, tostring(doc) end
+    if not ok2 then return nil, strip_where(doc) end
     if type(doc) ~= 'table' or doc.format ~= M.FORMAT or type(doc.parts) ~= 'table' then
         return nil, M.STATE .. ' is not a lunar trainer state'
     end
@@ -417,11 +418,21 @@ local function try_load(dir, opts)
                 out[part] = decode(e.value, file, part)
             end
         end
+        -- the other safetensors files it lists (the optimizer shards, a split model's pieces:
+        -- read later, by every rank) have readable headers: large files carry no CRC in the
+        -- marker, and a damaged one makes the checkpoint unsound now, not after resuming
+        local rels = {}
+        for rel in pairs(marker.files) do if rel:match('%.safetensors$') then rels[#rels + 1] = rel end end
+        table.sort(rels)
+        for _, rel in ipairs(rels) do
+            local f = lio.safetensors_open(join(dir, rel))
+            f:close()
+        end
     end)
     for _, f in ipairs(opened) do f:close() end
     if not ok then
         M.free(out)
-        return nil, tostring(err)
+        return nil, strip_where(err)
     end
     for k, s in pairs(doc.rng or {}) do out.rng[k] = s end
     return out

@@ -426,7 +426,9 @@ local function optimizer_of(cfg, model, params, dp, adamw_opts, st, reshard)
                 .. 'from its weights (model.path=%s/model, checkpoint.resume=none)'):format(st.dir, was,
                 tostring(cfg.model.dtype), was, st.dir))
         end
-        restore_optimizer(opt, st, dp, reshard)
+        -- (a damaged or mismatched state is one line naming the checkpoint, on the rank that met it)
+        local ok, err = pcall(restore_optimizer, opt, st, dp, reshard)
+        if not ok then user_error(('the optimizer state of %s: %s'):format(st.dir, strip_where(err))) end
         if reshard then log(cfg, 'resharded the optimizer state of %s: %s', st.dir, reshard) end
     end
     return opt
