@@ -76,11 +76,35 @@ function M.same_place(t, start, len, slice)
     return true
 end
 
--- one old rank's optimizer shard: its file kept open in files, each piece's place added to its
--- parameter's entry (with the update count)
+-- the old ranks' shard files, opened when a piece is read and at most M.MAX_OPEN at a time (a
+-- checkpoint of thousands of ranks would otherwise hold as many files open on every rank)
+M.MAX_OPEN = 64
+local function file_cache()
+    local open, order = {}, {}
+    local c = {}
+    function c.get(path)
+        local f = open[path]
+        if f then return f end
+        if #order >= M.MAX_OPEN then
+            local old = table.remove(order, 1)
+            open[old]:close()
+            open[old] = nil
+        end
+        f = lio.safetensors_open(path)
+        open[path], order[#order + 1] = f, path
+        return f
+    end
+    function c.close()
+        for _, path in ipairs(order) do open[path]:close() end
+        open, order = {}, {}
+    end
+    return c
+end
+
+-- one old rank's optimizer shard: each piece's place added to its parameter's entry (with the
+-- update count); the tensors are read later, through files
 local function read_shard(path, files, add)
-    local f = lio.safetensors_open(path)
-    files[#files + 1] = f
+    local f = files.get(path)
     local keys = f:keys()
     local has = {}
     for _, key in ipairs(keys) do has[key] = true end
@@ -89,7 +113,7 @@ local function read_shard(path, files, add)
         local name = key:match('^place%.(.+)$')
         if name then
             placed[name] = true
-            local e = add(name, {place = parse(f:tensor(key), path .. ': ' .. key), file = f, has = has})
+            local e = add(name, {place = parse(f:tensor(key), path .. ': ' .. key), path = path, files = files, has = has})
             if has['step.' .. name] and not e.step then e.step = f:tensor('step.' .. name):item() end
         end
     end
@@ -103,9 +127,9 @@ local function read_shard(path, files, add)
     end
 end
 
--- the old layout's pieces by parameter name: {[name] = {pieces = {{place, file or tensors}}, step =}}
+-- the old layout's pieces by parameter name: {[name] = {pieces = {{place, path or tensors}}, step =}}
 local function sources(loaded)
-    local by_name, files = {}, {}
+    local by_name, files = {}, file_cache()
     local function add(name, piece) local e = by_name[name] or {pieces = {}}; by_name[name] = e; e.pieces[#e.pieces + 1] = piece; return e end
     if type(loaded.shards) == 'table' then
         -- (a file that fails to open or parse closes the ones opened before it)
@@ -113,7 +137,7 @@ local function sources(loaded)
             for _, rel in ipairs(loaded.shards) do read_shard(loaded.dir .. '/' .. rel, files, add) end
         end)
         if not ok then
-            for _, g in ipairs(files) do g:close() end
+            files.close()
             error(err, 0)
         end
     else
@@ -142,7 +166,8 @@ end
 
 local function read_piece(piece, kind, name)
     local key = kind .. '.' .. name
-    if piece.file then return piece.has[key] and piece.file:tensor(key) or nil end
+    -- (a view of the mapped file: the caller copies it before the next read can close the file)
+    if piece.path then return piece.has[key] and piece.files.get(piece.path):tensor(key) or nil end
     return piece.tensors[key]
 end
 
@@ -302,7 +327,7 @@ function M.load(opt, loaded)
             set_counters(o, sc)
         end
     end)
-    for _, f in ipairs(files) do f:close() end
+    files.close()
     if not ok then error(err, 0) end
     return opt
 end
