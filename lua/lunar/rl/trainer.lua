@@ -111,9 +111,8 @@ local function setup(cfg)
     end
     run.moe = #run.moe_layers > 0
     -- (a split model: the whole model's numbers, not this rank's blocks)
-    local function count(store) return dp and dp:whole_count(store, run.model) or store:count() end
     log(cfg, 'model: %s, %.2fM parameters (%.2fM trainable)%s', run.model.cfg.architecture,
-        count(run.model.params) / 1e6, count(params) / 1e6,
+        data_parallel.count(dp, run.model.params, run.model) / 1e6, data_parallel.count(dp, params, run.model) / 1e6,
         run.moe and (cfg.rl.routing_replay and ', routing replay on' or ', routing replay off') or '')
 
     local o, rl = cfg.optim, cfg.rl

@@ -405,7 +405,7 @@ local function try_load(dir, opts)
     if not marker then return nil, doc end
     local out = {step = doc.step, dir = dir, rng = {}, time = marker.time, shards = doc.shards}
     if doc.model then out.model_dir = join(dir, doc.model) end
-    local opened = {}
+    local opened, read = {}, {}
     local ok, err = pcall(function()
         for _, part in ipairs(M.PARTS) do
             local e = doc.parts[part]
@@ -413,7 +413,7 @@ local function try_load(dir, opts)
                 local file
                 if e.file then
                     file = lio.safetensors_open(join(dir, e.file))
-                    opened[#opened + 1] = file
+                    opened[#opened + 1], read[e.file] = file, true
                 end
                 out[part] = decode(e.value, file, part)
             end
@@ -422,7 +422,9 @@ local function try_load(dir, opts)
         -- read later, by every rank) have readable headers: large files carry no CRC in the
         -- marker, and a damaged one makes the checkpoint unsound now, not after resuming
         local rels = {}
-        for rel in pairs(marker.files) do if rel:match('%.safetensors$') then rels[#rels + 1] = rel end end
+        for rel in pairs(marker.files) do
+            if rel:match('%.safetensors$') and not read[rel] then rels[#rels + 1] = rel end
+        end
         table.sort(rels)
         for _, rel in ipairs(rels) do
             local f = lio.safetensors_open(join(dir, rel))

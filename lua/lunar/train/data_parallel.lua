@@ -128,15 +128,10 @@ function DP:optimizer(store, model, adamw_opts)
     local parts = {}
     local function add(name, group, class, norm_opt, across)
         local dts = dtypes_of(class)
-        -- a class with nothing to train on any rank (LoRA on the routed experts only: no dense
-        -- adapter) gets no part; one that some ranks train and others not cannot be reduced
-        local most = dist.all_reduce(core.from_flat({#dts}, {1}, 'f64', 'cpu'), {group = dist.world(), op = 'max'})
-        if most:item() == 0 then return end
-        if #dts == 0 then
-            core.user_error(('rank %d holds no trainable parameter of the %s part while other ranks do (trainable '
-                .. 'parameters, LoRA targets included, must reach every rank\'s %s)'):format(self.world_rank, name,
-                name == 'experts' and 'routed experts' or 'dense parameters'))
-        end
+        -- a class with nothing to train (LoRA on the routed experts only: no dense adapter) gets
+        -- no part; it is empty on every rank alike (the dense parameters are the same everywhere,
+        -- and DP:check_adapters makes every ep member adapt the same projections)
+        if #dts == 0 then return end
         for i, dt in ipairs(dts) do
             local filter = class
             if #dts > 1 then
@@ -182,6 +177,10 @@ function DP:whole_count(store, model)
     if self.ep then experts = dist.all_reduce(core.from_flat({experts}, {1}, 'f64', 'cpu'), {group = self.ep}):item() end
     return dense + experts
 end
+
+-- the elements of store as the whole model has them: dp:whole_count under data parallel (a
+-- split model's blocks stand for the whole), else store:count()
+function M.count(dp, store, model) return dp and dp:whole_count(store, model) or store:count() end
 
 -- the largest peak memory of any rank (collective over the world): the process's peak resident
 -- memory, or the peak of lunar's pool on `device` (not 'cpu')

@@ -507,9 +507,8 @@ local function setup(cfg)
         params = r.adapters.params
     end
     -- (a split model: the whole model's numbers, not this rank's blocks)
-    local function count(store) return dp and dp:whole_count(store, r.model) or store:count() end
-    log(cfg, 'model: %s, %.2fM parameters (%.2fM trainable)', r.model.cfg.architecture, count(r.model.params) / 1e6,
-        count(params) / 1e6)
+    log(cfg, 'model: %s, %.2fM parameters (%.2fM trainable)', r.model.cfg.architecture,
+        data_parallel.count(dp, r.model.params, r.model) / 1e6, data_parallel.count(dp, params, r.model) / 1e6)
 
     local o = cfg.optim
     local adamw_opts = {
