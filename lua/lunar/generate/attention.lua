@@ -40,7 +40,6 @@
 local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local ops = require 'lunar.ops'
-local dist = require 'lunar.dist'
 
 local fail = tensor.fail
 
@@ -123,20 +122,11 @@ local function dsa_select(a, cl, cache, xn, q_resid, step)
     if wts:dtype() ~= 'f32' then wts = wts:to('f32') end
     ops.mul_(wts, Hi ^ -0.5)
     local keys = cache:gather(cl.ik, v)
-    if ix.tp then
-        -- the indexer's heads split over tp (split_indexer): this member's heads' part of the
-        -- scores (+ mask), summed over tp, then the top-k every member shares (as training does)
-        local scores = ops.index_scores(qr, keys, wts:view({B, 1, Hi}), {mask = v.mask, scale = Di ^ -0.5, scores = true})
-        keys:free()
-        dist.all_reduce(scores, {group = ix.tp})
-        local _, best = ops.topk(scores, a.index_topk)
-        scores:free()
-        local sel = ops.sort(best)   -- by position: the paged attention reads its keys in increasing order
-        best:free()
-        return sel
-    end
-    local _, sel = ops.index_scores(qr, keys, wts:view({B, 1, Hi}),
-        {mask = v.mask, scale = Di ^ -0.5, topk = a.index_topk, scores = false})
+    -- (the indexer's heads split over tp, split_indexer: this member's heads' part of the scores
+    -- summed over tp, then the top-k every member shares, as training does; by position: the
+    -- paged attention reads its keys in increasing order)
+    local _, sel = ix.select:select(qr, keys, wts:view({B, 1, Hi}), v.mask, Di ^ -0.5, a.index_topk,
+        {scores = false, sorted = true, name = ix.name})
     keys:free()
     return sel
 end

@@ -47,7 +47,6 @@ local tensor = require 'lunar.tensor'
 local ops = require 'lunar.ops'
 local gattn = require 'lunar.generate.attention'
 local gpar = require 'lunar.generate.parallel'
-local dist = require 'lunar.dist'
 
 local fail = tensor.fail
 
@@ -94,7 +93,7 @@ local function mlp_forward(model, L, h, mopts)
     end
     -- sequence parallel: the blocks leave their partial sums to the layer (training
     -- reduce-scatters them); generation holds every row on every tp member
-    if model.sp then dist.all_reduce(m, {group = model.sp}) end
+    m = model.par.decode_block:forward(m)
     return ops.add(h, to_residual(model, m)), routing and routing.idx
 end
 
@@ -147,7 +146,7 @@ local function prefill_run(model, cache, lists, slots_list, opts)
     local x = to_residual(model, (model.embed:forward(b.ids)))
     local hidden, routing = run_layers(model, cache, x, opts.routing, nil, function(L, cl, xn, sel)
         local a, _, topk = L.attn:forward(xn, b, sel)
-        if model.sp then dist.all_reduce(a, {group = model.sp}) end   -- left partial for sequence parallel
+        a = model.par.decode_block:forward(a)   -- left partial for sequence parallel
         gattn.store_prefill(L, cl, cache, xn, b, slots)
         return a, topk
     end)
@@ -212,7 +211,7 @@ local function step_run(model, cache, seqs, list, slots_list, starts, opts)
     local x = to_residual(model, (model.embed:forward(core.from_flat(list, {B}, 'i64', dev))))
     local hidden, routing = run_layers(model, cache, x, opts.routing, ROW_INVARIANT, function(L, cl, xn, sel)
         local a, s = gattn.decode(L, cl, cache, xn, step, sel)
-        if L.attn.tp then dist.all_reduce(a, {group = L.attn.tp}) end   -- the heads' partial sums
+        a = model.par.decode_heads:forward(a)   -- the heads' partial sums
         return a, s
     end)
     return {logits = head(model, hidden, ROW_INVARIANT), routing = routing}

@@ -19,9 +19,7 @@ local ops = require 'lunar.ops'
 local nn = require 'lunar.nn'
 local params = require 'lunar.model.params'
 local lora = require 'lunar.nn.lora'
-local vp = require 'lunar.nn.vocab_parallel'
-
-local dist = require 'lunar.dist'
+local context = require 'lunar.parallel.context'
 
 local M = {}
 local Model = {}
@@ -41,53 +39,50 @@ local function rope_theta(cfg)
     return cfg.rope_theta or 10000
 end
 
--- Builds the modules of decoder layer i over the parameter store.
-local function build_layer(store, cfg, i, opts)
+-- Builds the modules of decoder layer i over the parameter store, split as the parallel
+-- context par says (lunar.parallel.context).
+local function build_layer(store, cfg, i, opts, par)
     local p = ('model.layers.%d'):format(i)
-    -- sequence parallel: the blocks leave their partial sums to the layer, which reduce-scatters
-    local defer = opts.sequence_parallel and opts.tp and opts.tp:size() > 1 or nil
     local L = {index = i, name = p}
     L.input_norm = nn.RMSNorm.new(store, p .. '.input_layernorm', cfg.rms_norm_eps)
     L.post_norm = nn.RMSNorm.new(store, p .. '.post_attention_layernorm', cfg.rms_norm_eps)
     if cfg.model_type == 'glm_moe_dsa' then
         -- MTP layers (i >= num_hidden_layers) run their own indexer
         local kind = (i >= cfg.num_hidden_layers or params.has_indexer(cfg, i)) and 'full' or 'shared'
-        L.attn = nn.MLA.new(store, p .. '.self_attn', cfg, {indexer = kind, tp = opts.tp, defer_reduce = defer,
-            split_indexer = opts.split_indexer,
+        L.attn = nn.MLA.new(store, p .. '.self_attn', cfg, {indexer = kind, par = par,
             indexer_loss_coeff = opts.indexer_loss_coeff or 0, indexer_loss = opts.indexer_loss})
     else
-        L.attn = nn.GQA.new(store, p .. '.self_attn', cfg, {tp = opts.tp, defer_reduce = defer})
+        L.attn = nn.GQA.new(store, p .. '.self_attn', cfg, {par = par})
     end
     L.mlp_type = i < cfg.num_hidden_layers and params.mlp_type(cfg, i) or 'sparse'
     if L.mlp_type == 'dense' then
-        L.mlp = nn.MLP.new(store, p .. '.mlp', cfg.hidden_act, {tp = opts.tp, defer_reduce = defer})
+        local io = par:block('mlp')
+        L.mlp = nn.MLP.new(store, p .. '.mlp', cfg.hidden_act, {input = io.input, output = io.output})
     else
-        L.mlp = nn.MoE.new(store, p .. '.mlp', cfg, {ep = opts.ep, tp = opts.tp, etp = opts.etp, sp = defer})
+        L.mlp = nn.MoE.new(store, p .. '.mlp', cfg, {par = par})
     end
     return L
 end
 
 local function build(cfg, store, opts)
-    local m = setmetatable({cfg = cfg, params = store, opts = opts, hooks = {}}, Model)
+    local m = setmetatable({cfg = cfg, params = store, opts = opts, hooks = {}, layer_backward_hooks = {}}, Model)
     -- fp32_residual (Megatron's --fp32-residual-connection): with low-precision parameters the
     -- residual stream between the layers stays f32; each sub-block reads it cast to the
     -- parameters' dtype and its output is added back in f32, so small updates to a large
     -- residual are not rounded away
     m.dtype = store:get('model.embed_tokens.weight'):dtype()
     m.fp32_residual = (opts.fp32_residual and m.dtype ~= 'f32') and true or false
-    -- tensor parallel splits the vocabulary when it divides it (lunar.nn.vocab_parallel): the
-    -- embedding's and the LM head's rows, the logits' columns, a cross-entropy without whole logits
-    local tp = opts.tp
-    if tp and tp:size() > 1 and params.vocab_split(cfg, tp:size()) then
-        local count = cfg.vocab_size / tp:size()
-        m.vocab = {tp = tp, first = tp:rank() * count, count = count}
-    end
-    m.embed = nn.Embedding.new(store, 'model.embed_tokens', cfg.pad_token_id, {vocab = m.vocab})
-    -- sequence parallel (opts.sequence_parallel with tp): between the blocks each tp rank holds
-    -- its share of the rows (N / tp); the norms and the residual run on it
-    if opts.sequence_parallel and tp and tp:size() > 1 then m.sp = tp end
+    -- how the model is split over ranks (tensor, sequence, expert parallel): the mappings and
+    -- strategies its modules compose. The vocabulary splits over tp when tp divides it
+    -- (lunar.parallel.vocab): the embedding's and the LM head's rows, the logits' columns, a
+    -- cross-entropy without whole logits
+    local par = context.new(cfg, opts)
+    m.par = par
+    m.vocab = par.vocab_split   -- (nil when whole)
+    m.sp = par.sp_group   -- (sequence parallel: each tp rank holds its share of the rows between the blocks)
+    m.embed = nn.Embedding.new(store, 'model.embed_tokens', cfg.pad_token_id, {vocab = par.vocab})
     m.layers = {}
-    for i = 0, cfg.num_hidden_layers - 1 do m.layers[i + 1] = build_layer(store, cfg, i, opts) end
+    for i = 0, cfg.num_hidden_layers - 1 do m.layers[i + 1] = build_layer(store, cfg, i, opts, par) end
     m.norm = nn.RMSNorm.new(store, 'model.norm', cfg.rms_norm_eps)
     m.lm_head = nn.Linear.new(store, cfg.tie_word_embeddings and 'model.embed_tokens' or 'lm_head')
     m.mtp = {}
@@ -95,7 +90,7 @@ local function build(cfg, store, opts)
         local i = cfg.num_hidden_layers + d
         local p = ('model.layers.%d'):format(i)
         m.mtp[d + 1] = {
-            layer = build_layer(store, cfg, i, opts),
+            layer = build_layer(store, cfg, i, opts, par),
             enorm = nn.RMSNorm.new(store, p .. '.enorm', cfg.rms_norm_eps),
             hnorm = nn.RMSNorm.new(store, p .. '.hnorm', cfg.rms_norm_eps),
             eh_proj = nn.Linear.new(store, p .. '.eh_proj'),
@@ -110,6 +105,8 @@ local function build(cfg, store, opts)
     -- on the parameters' device, like every tensor the model makes (prepare moves it if the
     -- parameters move later)
     m.inv_freq = ops.rope_inv_freq(m.rot_dim, rope_theta(cfg), {device = m:device()})
+    -- the whole model as one stage (Model:forward and backward run it)
+    m.whole = m:stage{embed = true, first = 1, last = #m.layers, head = true}
     return m
 end
 
@@ -145,52 +142,14 @@ function M.new(cfg, opts)
     return build(cfg, store, opts)
 end
 
--- opts.tp (a lunar.dist group): {rank =, size =} for lunar.model.params.spec, or nil. Tensor
--- parallel splits the attention heads (MLA, GQA) and the dense and shared-expert MLPs; with
--- opts.ep as well, each tp rank sends its share of the tokens to the experts (lunar.nn.MoE).
-function M.tp_of(cfg, opts)
-    local g = opts.tp
-    if not g or g:size() <= 1 then return nil end
-    if cfg.model_type == 'glm_moe_dsa' and cfg.attention_bias then
-        tensor.fail(('tensor parallel (tp = %d) with attention_bias (o_proj\'s bias) is not implemented for %s'):format(
-            g:size(), tostring(cfg.architecture)))
-    end
-    if (opts.indexer_loss_coeff or 0) > 0 then
-        -- the indexer's KL target is the attention's distribution summed over all heads
-        tensor.fail(('tensor parallel (tp = %d) with the DSA indexer loss (indexer_loss_coeff %s; a recipe\'s '
-            .. 'model.indexer_loss_coeff) is not implemented in this version of lunar: set it to 0 or parallel.tp=1')
-            :format(g:size(), tostring(opts.indexer_loss_coeff)))
-    end
-    for _, k in ipairs({'num_attention_heads', 'num_key_value_heads', opts.split_indexer and 'index_n_heads' or nil}) do
-        if (cfg[k] or 0) % g:size() ~= 0 then
-            tensor.fail(('tensor parallel: %s %s is not divisible by tp = %d'):format(k, tostring(cfg[k]), g:size()))
-        end
-    end
-    return {rank = g:rank(), size = g:size()}
-end
-
--- opts.etp (a lunar.dist group): {rank =, size =} for lunar.model.params.spec, or nil. Expert
--- tensor parallel splits each routed expert's gate/up by rows and down by columns.
-function M.etp_of(cfg, opts)
-    local g = opts.etp
-    if not g or g:size() <= 1 then return nil end
-    local Im = cfg.moe_intermediate_size
-    if not cfg.n_routed_experts or not Im then
-        tensor.fail(('expert tensor parallel (etp = %d): the model has no routed experts'):format(g:size()))
-    end
-    if Im % g:size() ~= 0 then
-        tensor.fail(('expert tensor parallel: moe_intermediate_size %d is not divisible by etp = %d'):format(Im, g:size()))
-    end
-    return {rank = g:rank(), size = g:size()}
-end
-
 -- the lunar.model.params.spec options of a model built with opts (mtp, the experts this rank
--- holds, its tp and etp blocks)
+-- holds, its tp and etp blocks: lunar.parallel.context, which also refuses what a layout cannot
+-- do with cfg). opts.tp, opts.ep, opts.etp: lunar.dist groups. Tensor parallel splits the
+-- attention heads (MLA, GQA) and the dense and shared-expert MLPs; with opts.ep as well, each tp
+-- rank sends its share of the tokens to the experts (lunar.nn.MoE); expert tensor parallel
+-- splits each routed expert's gate/up by rows and down by columns.
 function M.spec_opts(cfg, opts)
-    local o = {mtp = opts.mtp, tp = M.tp_of(cfg, opts), etp = M.etp_of(cfg, opts)}
-    o.split_indexer = o.tp and opts.split_indexer or nil
-    if opts.ep and opts.ep:size() > 1 then o.experts = params.expert_range(cfg, opts.ep:rank(), opts.ep:size()) end
-    return o
+    return context.new(cfg, opts):spec_opts(opts.mtp)
 end
 
 -- A model over an existing parameter store (the loader fills it).
@@ -377,22 +336,20 @@ end
 local function to_compute(self, x) return self.fp32_residual and x:to(self.dtype) or x end
 local function to_residual(self, y) return self.fp32_residual and y:float() or y end
 
--- sequence parallel: the rows of every tp rank (all_gather), and the sum of the ranks' partial
--- (N, H) tensors, each rank keeping its rows (reduce_scatter)
-local function sp_gather(self, t) return dist.all_gather(t:contiguous(), {group = self.sp}) end
-local function sp_scatter(self, t) return dist.reduce_scatter(t:contiguous(), {group = self.sp}) end
-
+-- A decoder layer: x + attn(input_norm(x)), then h + mlp(post_norm(h)). The parallel context's
+-- layer mappings sit around each block (sequence parallel: every rank's rows gathered before it,
+-- its partial sums reduce-scattered after; the identity otherwise).
 local function layer_forward(self, L, x, b, prev_topk, replay)
-    local sp = self.sp
+    local par = self.par
     local xn, s_in = L.input_norm:forward(to_compute(self, x))
-    if sp then xn = sp_gather(self, xn) end
+    xn = par.layer_in:forward(xn)
     self:_emit(L.name .. '.self_attn', 'input', xn)
     local a, s_attn, topk = L.attn:forward(xn, b, prev_topk)
-    if sp then a = sp_scatter(self, a) end
+    a = par.layer_out:forward(a)
     self:_emit(L.name .. '.self_attn', 'output', a)
     local h = ops.add(x, to_residual(self, a))
     local hn, s_post = L.post_norm:forward(to_compute(self, h))
-    if sp then hn = sp_gather(self, hn) end
+    hn = par.layer_in:forward(hn)
     self:_emit(L.name .. '.mlp', 'input', hn)
     local m, s_mlp, routing
     if L.mlp_type == 'dense' then
@@ -400,7 +357,7 @@ local function layer_forward(self, L, x, b, prev_topk, replay)
     else
         m, s_mlp, routing = L.mlp:forward(hn, {replay_idx = replay})
     end
-    if sp then m = sp_scatter(self, m) end
+    m = par.layer_out:forward(m)
     self:_emit(L.name .. '.mlp', 'output', m)
     local out = ops.add(h, to_residual(self, m))   -- h is saved by post_norm: no in-place add
     self:_emit(L.name, 'output', out)
@@ -410,17 +367,14 @@ end
 -- gradient of the layer output -> gradient of its input (in the residual stream's dtype; the
 -- casts of the forward pass are casts of the gradient here)
 local function layer_backward(self, L, dout, s)
-    local sp = self.sp
-    local dm = to_compute(self, dout)
-    if sp then dm = sp_gather(self, dm) end
-    local dh = L.mlp:backward(dm, s.s_mlp)
-    if sp then dh = sp_scatter(self, dh) end
+    local par = self.par
+    local dm = par.layer_out:backward(to_compute(self, dout))
+    local dh = par.layer_in:backward(L.mlp:backward(dm, s.s_mlp))
     dh = to_residual(self, L.post_norm:backward(dh, s.s_post))
     dh = ops.add_(dh, dout)
-    local da = to_compute(self, dh)
-    if sp then da = sp_gather(self, da) end
+    local da = par.layer_out:backward(to_compute(self, dh))
     local dx, ixloss = L.attn:backward(da, s.s_attn)
-    if sp then dx = sp_scatter(self, dx) end
+    dx = par.layer_in:backward(dx)
     dx = to_residual(self, L.input_norm:backward(dx, s.s_in))
     return ops.add_(dx, dh), ixloss
 end
@@ -460,36 +414,113 @@ end
 --        topk = {[layer] = (B, T, k)}, hidden = (N, H) final hidden state before the norm}
 function Model:forward(batch, opts)
     opts = opts or {}
-    local b = self:prepare(batch)
+    local out, saved = self.whole:forward(self:prepare(batch), nil, opts)
+    if opts.keep ~= false then self.saved = saved else self.saved, saved = nil, nil end
+    return out, saved
+end
+
+-- ---- stages ---------------------------------------------------------------------------------------
+--
+-- A stage is the part of the model one pipeline rank runs, a forward that returns what its
+-- backward needs to the caller (so that several micro-batches can be in flight) and a backward
+-- that takes it back:
+--   local st = model:stage{embed = true, first = 1, last = L, head = true}   -- model.whole
+--   local output, saved = st:forward(b, input, opts)      b = model:prepare(batch); input: nil on
+--                                                         the stage with the embedding, else the
+--                                                         hidden rows the stage before gave
+--   local dinput, indexer_loss = st:backward(doutput, saved, opts)   doutput: nil on the stage
+--                                                         with the head (it starts from the loss)
+-- first..last are decoder layers (1-based in model.layers; last < first: none). The head (the
+-- final norm, the LM head, the losses and the MTP layer) gives forward's out table (as
+-- Model:forward's); a stage without it gives the hidden rows (N, H), its saved.routing and
+-- saved.topk the routes and selections of its layers. A shared (IndexShare) layer reuses the
+-- selection of the full layer before it in the same stage.
+local Stage = {}
+Stage.__index = Stage
+M.Stage = Stage
+
+function Model:stage(spec)
+    local first, last = spec.first or 1, spec.last or #self.layers
+    if first < 1 or last > #self.layers then
+        fail(('stage: layers %d..%d outside the model\'s %d decoder layers'):format(first, last, #self.layers))
+    end
+    return setmetatable({model = self, embed = spec.embed and true or false, head = spec.head and true or false,
+                         first = first, last = last}, Stage)
+end
+
+function Stage:forward(b, x, opts)
+    opts = opts or {}
+    local m = self.model
+    local saved = {layers = {}, N = b.N, routing = {}, topk = {}}
+    if self.embed then x, saved.emb = m:_embed_forward(b, opts) end
+    x = m:_layers_forward(x, b, self.first, self.last, saved)
+    if not self.head then return x, saved end
+    local out = m:_head_forward(x, b, opts, saved)
+    return out, saved
+end
+
+function Stage:backward(dy, saved, opts)
+    opts = opts or {}
+    local m = self.model
+    local dx = self.head and m:_head_backward(saved, opts) or dy
+    local ixloss
+    dx, ixloss = m:_layers_backward(dx, saved, self.first, self.last)
+    if not self.embed then return dx, ixloss end
+    m:_embed_backward(dx, saved)
+    return nil, ixloss
+end
+
+-- the embedding of the batch's tokens into the residual stream (sequence parallel: this rank's rows)
+function Model:_embed_forward(b, opts)
     local x, s_emb = self.embed:forward(b.ids)
     self:_emit('model.embed_tokens', 'output', x)
-    if self.sp then   -- sequence parallel: this rank's rows of the residual stream
-        if opts.head_positions or opts.mtp then
-            fail('forward: opts.head_positions and opts.mtp under sequence parallel are not implemented in this version '
-                .. 'of lunar')
-        end
-        local T = self.sp:size()
-        if b.N % T ~= 0 then
-            fail(('forward: sequence parallel splits the batch\'s %d tokens (B %d x T %d) over tp = %d ranks: they must '
-                .. 'divide evenly'):format(b.N, b.B, b.T, T))
-        end
-        x = x:narrow(1, self.sp:rank() * (b.N / T) + 1, b.N / T):contiguous()
-    end
-    x = to_residual(self, x)
-    local saved = {emb = s_emb, layers = {}, N = b.N}
-    local routing, topks = {}, {}
+    self.par:check_forward(opts)
+    return to_residual(self, self.par.embed_out:forward(x, b)), s_emb
+end
+
+function Model:_embed_backward(dx, saved)
+    dx = self.par.embed_out:backward(dx)   -- the embedding's rows are whole
+    self.embed:backward(to_compute(self, dx), saved.emb)
+end
+
+-- decoder layers first..last on x; their saved state, routes and selections into saved
+function Model:_layers_forward(x, b, first, last, saved)
     local prev_topk
-    for i, L in ipairs(self.layers) do
+    for i = first, last do
+        local L = self.layers[i]
         local replay = b.routing and b.routing[i - 1]
         local s, topk, r
         x, s, topk, r = layer_forward(self, L, x, b, prev_topk, replay)
         saved.layers[i] = s
-        if topk then prev_topk = topk; topks[i - 1] = topk end
-        if r then routing[i - 1] = r end
+        if topk then prev_topk = topk; saved.topk[i - 1] = topk end
+        if r then saved.routing[i - 1] = r end
     end
-    local hidden = x
+    return x
+end
+
+function Model:_layers_backward(dx, saved, first, last)
+    local ixloss = 0
+    for i = last, first, -1 do
+        local l
+        dx, l = layer_backward(self, self.layers[i], dx, saved.layers[i])
+        ixloss = ixloss + (l or 0)
+        for _, fn in ipairs(self.layer_backward_hooks) do fn(i) end
+    end
+    return dx, ixloss
+end
+
+-- on_layer_backward(fn): fn(i) when the backward of decoder layer i (1-based in model.layers) is
+-- done: its parameters' gradients are complete for this backward (a gradient buffer starts
+-- reducing them; lunar.optim.grad_buffer)
+function Model:on_layer_backward(fn)
+    self.layer_backward_hooks[#self.layer_backward_hooks + 1] = fn
+end
+
+-- the final norm, the LM head at the rows asked for, the losses and log-probabilities, the
+-- entropy, the MTP loss -> out (Model:forward's); what the backward needs into saved
+function Model:_head_forward(x, b, opts, saved)
     local xf, s_norm = self.norm:forward(to_compute(self, x))
-    if self.sp then xf = sp_gather(self, xf) end   -- the head reads every row
+    xf = self.par.head_in:forward(xf)   -- the head reads every row
     self:_emit('model.norm', 'output', xf)
     -- the head only where its outputs are read (RL: the positions that predict a response token)
     local at = head_positions(opts.head_positions, b.N, xf:device())
@@ -504,8 +535,8 @@ function Model:forward(batch, opts)
     -- in place: no second (N, V) tensor; at 1 the logits are untouched (the SFT path's bits)
     if temperature ~= 1 then ops.div_(logits, temperature) end
     local shape = at and {at:numel()} or {b.B, b.T}
-    local out = {logits = at and logits or logits:view(b.B, b.T, logits:size(2)), routing = routing, topk = topks,
-                 hidden = hidden}
+    local out = {logits = at and logits or logits:view(b.B, b.T, logits:size(2)), routing = saved.routing, topk = saved.topk,
+                 hidden = x}
     saved.head_positions = at
     local want_loss = opts.loss or opts.logprobs
     if want_loss then
@@ -516,7 +547,7 @@ function Model:forward(batch, opts)
             end
             tg = on(tg, logits:device())
         else
-            tg = self:targets(batch, b)
+            tg = self:targets(b, b)
             if not tg then fail('forward: the loss and log-probs need batch.labels') end
         end
         if at and not opts.head_targets then
@@ -539,25 +570,23 @@ function Model:forward(batch, opts)
             -- no labels asked for: the log-sum-exp of each row through any valid target (the
             -- whole row's with the vocabulary split: every target ignored)
             local n = logits:size(1)
-            local _, _, l = self:_cross_entropy(logits, core.empty({n}, 'i64', logits:device()):fill_(self.vocab and -100 or 0))
+            local _, _, l = self:_cross_entropy(logits, core.empty({n}, 'i64', logits:device()):fill_(self.par.vocab.no_target))
             lse = l
             saved.ce = {logits = logits, lse = lse, temperature = temperature}
         end
         -- with the vocabulary split each member's columns give their terms of -sum p log p (p
         -- through the whole row's lse), summed over tp; the backward is then local
-        local H = M.entropy(logits, lse)
-        if self.vocab then dist.all_reduce(H, {group = self.vocab.tp}) end
+        local H = self.par.vocab:sum_columns(M.entropy(logits, lse))
         out.entropy = H:view(shape)
         saved.entropy = H
     end
     if opts.mtp and #self.mtp > 0 then
-        out.mtp_loss = self:_mtp_forward(batch, b, xf, saved)
+        out.mtp_loss = self:_mtp_forward(b, xf, saved)
     end
     -- the forward's check point (lunar.sync_check): reading the loss synchronised the device
     -- anyway, so one more small read makes a bad token id or routing index fail the forward
     -- that met it
     if want_loss then core.sync_check(self:device()) end
-    if opts.keep ~= false then self.saved = saved else self.saved = nil end
     return out
 end
 
@@ -566,7 +595,7 @@ end
 -- t_{s+2}. h_s is the main model's last hidden state after its final norm (as vLLM and SGLang
 -- feed it), not detached. The last position has no next token (id 0 is fed) and no target; the
 -- attention is causal, so it changes nothing at the other positions.
-function Model:_mtp_forward(batch, b, hidden, saved)
+function Model:_mtp_forward(b, hidden, saved)
     local d = self.mtp[1]
     local B, T, H = b.B, b.T, self.cfg.hidden_size
     local ids = b.input_ids
@@ -582,7 +611,7 @@ function Model:_mtp_forward(batch, b, hidden, saved)
     local zl, s_layer = layer_forward(self, d.layer, to_residual(self, z), b, nil, nil)
     local zn, s_head_norm = d.head_norm:forward(to_compute(self, zl))
     local logits, s_head = self.lm_head:forward(zn)
-    local tg = self:targets(batch, b, 2)
+    local tg = self:targets(b, b, 2)
     local loss, _, lse, vctx = self:_cross_entropy(logits, tg)
     local valid = ops.sum(ops.ne(tg, -100):float()):item()
     local denom = math.max(valid, 1)
@@ -595,33 +624,23 @@ end
 -- over tp its vocab-parallel form (the logits are this rank's columns); returns loss, logprobs,
 -- lse and the vocab-parallel context (nil when whole)
 function Model:_cross_entropy(logits, targets)
-    if self.vocab then return vp.cross_entropy(logits, targets, self.vocab) end
-    return ops.cross_entropy(logits, targets)
+    return self.par.vocab:cross_entropy(logits, targets)
 end
 
-local function ce_grad(dloss, ce)
-    if ce.vp then return vp.cross_entropy_backward(dloss, ce.logits, ce.lse, ce.vp) end
-    return ops.cross_entropy_backward(dloss, ce.logits, ce.lse, ce.targets)
+local function ce_grad(self, dloss, ce)
+    return self.par.vocab:cross_entropy_backward(dloss, ce.logits, ce.lse, ce.targets, ce.vp)
 end
 
-local function ce_backward(ce, scale)
+local function ce_backward(self, ce, scale)
     local n = ce.targets:numel()
     local dloss = core.empty({n}, 'f32', ce.logits:device()):fill_(scale / ce.denom)
-    return ce_grad(dloss, ce)
+    return ce_grad(self, dloss, ce)
 end
 
--- the LM head's backward; with the vocabulary split each rank's input gradient is its columns'
--- share, summed over tp
+-- the LM head's backward; through the head's input mapping (the vocabulary split: each rank's
+-- input gradient is its columns' share, summed over tp; sequence parallel: this rank's rows)
 local function head_backward(self, dlogits, saved_head)
-    local dx = self.lm_head:backward(dlogits, saved_head)
-    -- sequence parallel: this rank's rows of the sum (the head's own rows when it is whole)
-    if self.vocab and self.sp then return dist.reduce_scatter(dx, {group = self.sp}) end
-    if self.vocab then dist.all_reduce(dx, {group = self.vocab.tp}) end
-    if self.sp then
-        local n = dx:size(1) / self.sp:size()
-        return dx:narrow(1, self.sp:rank() * n + 1, n):contiguous()
-    end
-    return dx
+    return self.par.head_in:backward(self.lm_head:backward(dlogits, saved_head))
 end
 
 -- (B, T) or (B*T) gradient of a per-position output as an f32 (N) vector
@@ -643,7 +662,7 @@ local function rl_dlogits(self, saved, opts)
     if opts.dlogprobs ~= nil then
         if not ce.targets then fail('backward: dlogprobs needs forward(batch, {logprobs = true}) first') end
         local dlp = per_position('dlogprobs', opts.dlogprobs, N)
-        dz = ce_grad(ops.neg(dlp), ce)
+        dz = ce_grad(self, ops.neg(dlp), ce)
     else
         dz = core.empty(ce.logits:size(), ce.logits:dtype(), ce.logits:device()):fill_(0)
     end
@@ -659,9 +678,16 @@ end
 -- either may be nil, mtp_scale allowed) accumulates d(sum dlogprobs * logprobs + dentropy *
 -- entropy) instead, for the log-probs and entropy of the last forward (at its temperature).
 -- Returns the sum of the indexer losses (0 when off).
-function Model:backward(opts)
-    opts = opts or {}
-    local saved = self.saved
+function Model:backward(opts, saved)
+    saved = saved or self.saved
+    local _, ixloss = self.whole:backward(nil, saved, opts)
+    if saved == self.saved then self.saved = nil end
+    return ixloss
+end
+
+-- the head's backward (from the loss, or RL's gradients of the log-probs and entropy) -> the
+-- gradient of the last decoder layer's output
+function Model:_head_backward(saved, opts)
     local rl = opts.dlogprobs ~= nil or opts.dentropy ~= nil
     if not saved or not saved.ce then
         fail(rl and 'backward: call forward(batch, {logprobs = true, entropy = ...}) first'
@@ -675,7 +701,7 @@ function Model:backward(opts)
         dlogits = rl_dlogits(self, saved, opts)
     else
         if not saved.ce.targets then fail('backward: call forward(batch, {loss = true}) first') end
-        dlogits = ce_backward(saved.ce, opts.loss_scale or 1)
+        dlogits = ce_backward(self, saved.ce, opts.loss_scale or 1)
     end
     if saved.ce.temperature ~= 1 then ops.div_(dlogits, saved.ce.temperature) end
     local dx = head_backward(self, dlogits, saved.head)       -- gradient of the final norm's output
@@ -687,7 +713,7 @@ function Model:backward(opts)
     if saved.mtp and (opts.mtp_scale or 0) ~= 0 then
         local s = saved.mtp
         local d = self.mtp[1]
-        local dl = ce_backward(s.ce, opts.mtp_scale)
+        local dl = ce_backward(self, s.ce, opts.mtp_scale)
         local dz = head_backward(self, dl, s.s_head)
         dz = to_residual(self, d.head_norm:backward(dz, s.s_head_norm))
         dz = layer_backward(self, d.layer, dz, s.s_layer)
@@ -697,17 +723,7 @@ function Model:backward(opts)
         self.embed:backward(de, s.s_e)
         ops.add_(dx, d.hnorm:backward(dcat:narrow(2, H + 1, H):contiguous(), s.s_hn))
     end
-    dx = to_residual(self, self.norm:backward(dx, saved.norm))
-    local ixloss = 0
-    for i = #self.layers, 1, -1 do
-        local l
-        dx, l = layer_backward(self, self.layers[i], dx, saved.layers[i])
-        ixloss = ixloss + (l or 0)
-    end
-    if self.sp then dx = sp_gather(self, dx) end   -- the embedding's rows are whole
-    self.embed:backward(to_compute(self, dx), saved.emb)
-    self.saved = nil
-    return ixloss
+    return to_residual(self, self.norm:backward(dx, saved.norm))
 end
 
 function Model:zero_grad() self.params:zero_grad() end
@@ -742,7 +758,7 @@ end
 -- true when the tp ranks route different tokens (tp x ep), so the load adds up over tp as well
 -- as over dp; otherwise every tp rank counts the same routes
 function Model:moe_load_over_tp()
-    for _, L in ipairs(self.layers) do if L.mlp.tp_rows then return true end end
+    for _, L in ipairs(self.layers) do if L.mlp.tokens and L.mlp.tokens.shares_rows then return true end end
     return false
 end
 
@@ -771,20 +787,19 @@ function Model:tp_partial_params()
     for _, L in ipairs(self.layers) do layers[#layers + 1] = L end
     for _, m in ipairs(self.mtp) do layers[#layers + 1] = m.layer end
     for _, L in ipairs(layers) do
-        local a = L.attn
-        local list = a.tp and a:tp_partial() or {}
+        local list = L.attn:tp_partial()
         -- tp x ep: each tp member routes its share of the tokens
         for _, n in ipairs(L.mlp.tp_partial and L.mlp:tp_partial() or {}) do list[#list + 1] = n end
         -- sequence parallel: the norms between the blocks see this rank's rows
-        if self.sp then
-            list[#list + 1] = L.name .. '.input_layernorm.weight'
-            list[#list + 1] = L.name .. '.post_attention_layernorm.weight'
+        for _, n in ipairs(self.par:norms_partial({L.name .. '.input_layernorm.weight',
+                                                    L.name .. '.post_attention_layernorm.weight'})) do
+            list[#list + 1] = n
         end
         for _, n in ipairs(list) do
             if self.params:has(n) then names[#names + 1] = n end
         end
     end
-    if self.sp then names[#names + 1] = 'model.norm.weight' end
+    for _, n in ipairs(self.par:norms_partial({'model.norm.weight'})) do names[#names + 1] = n end
     return names
 end
 
@@ -800,12 +815,10 @@ function Model:tp_slices(axis)
 end
 
 function Model:reduce_tp_grads()
-    local tp = self.opts.tp
-    if not tp or tp:size() <= 1 then return end
     local set = self.params.lora
     for _, n in ipairs(self:tp_partial_grads()) do
         local g = self.params.grads[n] or (set and set.params.grads[n])
-        if g then dist.all_reduce(g, {group = tp}) end
+        if g then self.par:sum_partial(g) end
     end
 end
 

@@ -16,7 +16,7 @@ local nn = require 'lunar.nn'
 local config = require 'lunar.model.config'
 local params = require 'lunar.model.params'
 local glm = require 'lunar.model.glm'
-local sharded = require 'lunar.model.sharded'
+local sharded = require 'lunar.parallel.checkpoint'
 
 local M = {config = config, glm = glm, params = params}
 
@@ -49,7 +49,7 @@ end
 
 -- lunar.model.load(dir, opts) -> model
 --   dir: an HF checkpoint directory, or a sharded one (config.json + manifest.json + the ranks'
---   pieces, what a checkpoint of a split run holds; lunar.model.sharded), read into any layout
+--   pieces, what a checkpoint of a split run holds; lunar.parallel.checkpoint), read into any layout
 --   opts: dtype (compute dtype of the parameters, default f32), device, indexer_loss_coeff,
 --   fp32_residual (bf16/f16: keep the residual stream between sub-blocks in f32; default off,
 --   which is transformers' numerics), quiet (no warning on stderr), strict:
@@ -69,18 +69,19 @@ function M.load(dir, opts)
     opts = opts or {}
     local cfg = cfg_of(dir)
 
-    -- expert parallel (opts.ep, a lunar.dist group): this rank keeps its range of the routed experts
-    local experts = opts.ep and opts.ep:size() > 1 and params.expert_range(cfg, opts.ep:rank(), opts.ep:size()) or nil
+    -- expert parallel (opts.ep, a lunar.dist group): this rank keeps its range of the routed
+    -- experts; tensor parallel (opts.tp) and expert tensor parallel (opts.etp): this rank's block
+    -- of each split tensor (lunar.parallel.context)
+    local so = glm.spec_opts(cfg, opts)
+    local experts = so.experts
     local function elsewhere(name)   -- a routed expert another ep rank holds
         local e = experts and name:match('%.mlp%.experts%.(%d+)%.')
         return e and (tonumber(e) < experts.first or tonumber(e) >= experts.first + experts.count) or false
     end
-    -- tensor parallel (opts.tp) and expert tensor parallel (opts.etp): this rank's block of each
-    -- split tensor
-    local spec = params.spec(cfg, glm.spec_opts(cfg, opts))
+    local spec = params.spec(cfg, so)
 
     -- tensors: by name, whole (an HF directory) or already this rank's blocks (a sharded model,
-    -- lunar.model.sharded: each block assembled from the pieces it overlaps)
+    -- lunar.parallel.checkpoint: each block assembled from the pieces it overlaps)
     local tensors, metadata, names, cut
     local fused, file_dtypes = {}, {}
     if sharded.is_sharded(dir) then

@@ -120,17 +120,17 @@ end
 -- (0-based first expert id), consecutive blocks of n_routed_experts / size in rank order.
 function M.expert_range(cfg, rank, size)
     local E = cfg.n_routed_experts or 0
-    if size > 1 and E % size ~= 0 then
+    if E % size ~= 0 then
         error(('n_routed_experts %d is not divisible by the expert-parallel size ep = %d'):format(E, size), 2)
     end
     local count = E / size
     return {first = rank * count, count = count}
 end
 
--- tensor parallel of `tp` ranks splits the vocabulary (lunar.nn.vocab_parallel) when it divides
--- vocab_size; otherwise the embedding and the LM head stay whole on every rank
+-- tensor parallel of `tp` ranks splits the vocabulary when it divides vocab_size
+-- (lunar.parallel.vocab); otherwise the embedding and the LM head stay whole on every rank
 function M.vocab_split(cfg, tp)
-    return tp > 1 and cfg.vocab_size % tp == 0
+    return require('lunar.parallel.vocab').splits(cfg, tp)
 end
 
 function M.spec(cfg, opts)
@@ -162,8 +162,8 @@ function M.spec(cfg, opts)
     -- this rank's block of each split tensor: shape cut, slice = {dim =, start = 0-based, len =, group =}
     for _, cut in ipairs({{axis = 'tp', key = 'split', what = 'tensor-parallel'},
                           {axis = 'etp', key = 'esplit', what = 'expert tensor-parallel'}}) do
-        local g = opts and opts[cut.axis]
-        if g and g.size > 1 then
+        local g = opts and opts[cut.axis]   -- (given when the axis splits: lunar.parallel.context)
+        if g then
             for _, s in ipairs(list) do
                 local dim = s[cut.key]
                 if dim then

@@ -18,10 +18,10 @@
 --       and the top-k without the masked keys' products (scores = false: the top-k only).
 --   The indexer never gets a gradient from the LM loss (HF runs it under no_grad), and nothing
 --   flows from it into x or q_resid.
---   Tensor parallel (DSA.new's opts.tp, a lunar.dist group): this rank's Hi / tp heads (wq_b and
---   weights_proj by rows; the head weights keep the whole Hi^-0.5); each rank's scores are its
---   heads' part of I, all-reduced over tp before the top-k, so every rank selects the same keys
---   (the mask is in every rank's part: masked keys only get lower). Not with the KL loss.
+--   Tensor parallel with split_indexer (DSA.new's opts.par, a lunar.parallel.context): this
+--   rank's Hi / tp heads (wq_b and weights_proj by rows; the head weights keep the whole
+--   Hi^-0.5); each rank's scores are its heads' part of I, all-reduced over tp before the top-k,
+--   so every rank selects the same keys (the context's indexer selection). Not with the KL loss.
 --
 --   Optional indexer KL loss (Megatron-LM's DSA indexer loss, off unless the model passes a
 --   coefficient > 0; docs/model.md):
@@ -40,7 +40,7 @@ local lunar_core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local ops = require 'lunar.ops'
 local Linear = require 'lunar.nn.linear'
-local dist = require 'lunar.dist'
+local context = require 'lunar.parallel.context'
 
 local DSA = {}
 DSA.__index = DSA
@@ -54,15 +54,13 @@ end
 function DSA.new(store, name, cfg, opts)
     local who = 'DSA ' .. name
     local Hi = need(cfg, 'index_n_heads', who)
-    local tp = opts and opts.tp and opts.tp:size() > 1 and opts.tp or nil
-    if tp and Hi % tp:size() ~= 0 then
-        tensor.fail(('%s: index_n_heads %d is not divisible by tp = %d'):format(who, Hi, tp:size()))
-    end
+    -- how the top-k is taken: over this rank's heads' scores summed over tp, or all heads here
+    local select = (opts and opts.par or context.NONE):indexer(cfg, who)
     local self = setmetatable({
-        store = store, name = name, tp = tp,
+        store = store, name = name, select = select,
         head_scale = Hi ^ -0.5,   -- the whole indexer's, on every rank's heads
         H = need(cfg, 'hidden_size', who), Rq = need(cfg, 'q_lora_rank', who),
-        Hi = tp and Hi / tp:size() or Hi, Di = need(cfg, 'index_head_dim', who),
+        Hi = select.heads, Di = need(cfg, 'index_head_dim', who),
         Dr = need(cfg, 'qk_rope_head_dim', who), topk = need(cfg, 'index_topk', who),
         wq_b = Linear.new(store, name .. '.wq_b'),
         wk = Linear.new(store, name .. '.wk'),
@@ -95,21 +93,11 @@ function DSA:forward(x, q_resid, batch, opts)
     if wts:dtype() ~= 'f32' then wts = wts:to('f32') end
     ops.mul_(wts, self.head_scale)
     local k = math.min(self.topk, T)
-    if self.tp then
-        if opts.keep then tensor.fail(('DSA %s: the indexer loss under tensor parallel is not implemented'):format(self.name)) end
-        -- this rank's heads' part of I (+ mask), summed over tp, then the top-k every rank shares
-        local scores = ops.index_scores(qr, kr:view({B, T, Di}), wts:view({B, T, Hi}),
-            {mask = batch.mask, scale = Di ^ -0.5, scores = true})
-        dist.all_reduce(scores, {group = self.tp})
-        local _, topk = ops.topk(scores, k)
-        return topk, {scores = scores, k = k}
-    end
-    if not opts.keep then
-        -- fused: I + mask and its top-k in one op, masked keys never computed
-        local scores, topk = ops.index_scores(qr, kr:view({B, T, Di}), wts:view({B, T, Hi}),
-            {mask = batch.mask, scale = Di ^ -0.5, topk = k, scores = opts.scores ~= false})
-        return topk, {scores = scores, k = k}
-    end
+    -- (whole heads: I + mask and its top-k in one fused op, masked keys never computed; nothing
+    -- under the KL loss, which needs the per-head scores below)
+    local scores, topk = self.select:select(qr, kr:view({B, T, Di}), wts:view({B, T, Hi}), batch.mask, Di ^ -0.5, k,
+        {keep = opts.keep, scores = opts.scores, name = self.name})
+    if topk then return topk, {scores = scores, k = k} end
     -- per-head scores A = ReLU(qi . ki * Di^-0.5): (B, T*Hi, Di) x (B, T, Di)^T -> (B*T, Hi, T)
     local A = lunar_core.empty({B * T, Hi, T}, 'f32', x:device())
     ops.gemm(qr:view({B, T * Hi, Di}), kr:view({B, T, Di}),

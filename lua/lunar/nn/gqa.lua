@@ -4,7 +4,9 @@
 -- (nkv*hd, H), each with a bias when cfg.attention_bias; o_proj (H, NH*hd) never has one;
 -- q_norm, k_norm (hd) when cfg.use_qk_norm (RMSNorm with rms_norm_eps, per head, before RoPE).
 --
---   attn = GQA.new(store, name, cfg[, {tp = group}])   -- tp: this rank's heads (Megatron's column/row rule)
+--   attn = GQA.new(store, name, cfg[, {par = ctx}])   -- ctx (lunar.parallel.context): under tensor
+--       parallel this rank's heads (q/k/v column parallel, o_proj row parallel) and the mappings
+--       that reduce its partial sums
 --       cfg: HF fields hidden_size, num_attention_heads, num_key_value_heads, head_dim (default
 --       hidden_size / num_attention_heads), partial_rotary_factor (or rope_parameters.
 --       partial_rotary_factor; default 0.5), attention_bias, use_qk_norm, rms_norm_eps (1e-5).
@@ -19,7 +21,7 @@
 local lunar_core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local ops = require 'lunar.ops'
-local dist = require 'lunar.dist'
+local context = require 'lunar.parallel.context'
 local Linear = require 'lunar.nn.linear'
 local RMSNorm = require 'lunar.nn.rmsnorm'
 local attention = require 'lunar.nn.attention'
@@ -35,20 +37,13 @@ end
 
 function GQA.new(store, name, cfg, opts)
     local who = 'GQA ' .. name
+    local par = opts and opts.par or context.NONE
     local H, NH = need(cfg, 'hidden_size', who), need(cfg, 'num_attention_heads', who)
     local nkv = cfg.num_key_value_heads or NH
     local hd = cfg.head_dim or H / NH
     -- tensor parallel: this rank's heads (q/k/v column parallel, o_proj row parallel)
-    local tp = opts and opts.tp
-    if tp and tp:size() > 1 then
-        if NH % tp:size() ~= 0 or nkv % tp:size() ~= 0 then
-            tensor.fail(('%s: num_attention_heads %d and num_key_value_heads %d must be divisible by tp = %d'):format(
-                who, NH, nkv, tp:size()))
-        end
-        NH, nkv = NH / tp:size(), nkv / tp:size()
-    else
-        tp = nil
-    end
+    NH = par:heads(cfg, 'num_attention_heads', who)
+    nkv = par:heads({num_key_value_heads = nkv}, 'num_key_value_heads', who)
     local prf = cfg.partial_rotary_factor
     if prf == nil and type(cfg.rope_parameters) == 'table' then prf = cfg.rope_parameters.partial_rotary_factor end
     prf = prf or 0.5
@@ -61,9 +56,9 @@ function GQA.new(store, name, cfg, opts)
     local bias = cfg.attention_bias and true or false
     local eps = cfg.rms_norm_eps or 1e-5
     local self = setmetatable({
-        store = store, name = name, H = H, NH = NH, nkv = nkv, hd = hd, rot_dim = rot, scaling = hd ^ -0.5, tp = tp,
-        -- the partial sums all-reduced here, or by the caller (sequence parallel; opts.defer_reduce)
-        reduce = tp and not (opts and opts.defer_reduce) and tp or nil,
+        store = store, name = name, H = H, NH = NH, nkv = nkv, hd = hd, rot_dim = rot, scaling = hd ^ -0.5, par = par,
+        -- the heads' partial sums all-reduced here (or by the decoder layer, sequence parallel)
+        input = par:block('attention').input, output = par:block('attention').output,
         q_proj = Linear.new(store, name .. '.q_proj', {bias = bias}),
         k_proj = Linear.new(store, name .. '.k_proj', {bias = bias}),
         v_proj = Linear.new(store, name .. '.v_proj', {bias = bias}),
@@ -81,7 +76,7 @@ function GQA:tp_partial()
     local out = {}
     if self.q_norm then out[#out + 1] = self.name .. '.q_norm.weight' end
     if self.k_norm then out[#out + 1] = self.name .. '.k_norm.weight' end
-    return out
+    return self.par:partial(out)
 end
 
 local function rope_opts(batch) return {layout = 'half', scale = batch.rope_scale or 1} end
@@ -114,6 +109,7 @@ function GQA:forward(x, batch)
         tensor.fail(('GQA %s: inv_freq has %d entries, expected rot_dim/2 = %d'):format(
             self.name, batch.inv_freq:numel(), self.rot_dim / 2))
     end
+    x = self.input:forward(x)
     local saved = {batch = batch}
     local q, k, v
     q, saved.q = self.q_proj:forward(x)
@@ -128,15 +124,14 @@ function GQA:forward(x, batch)
         not batch.key_lists_exact and batch.mask or nil, self.scaling, {keys = batch.key_lists})
     local out
     out, saved.o = self.o_proj:forward(o:view({N, NH * hd}))
-    if self.reduce then dist.all_reduce(out, {group = self.tp}) end   -- the heads' partial sums
-    return out, saved
+    return self.output:forward(out), saved   -- the heads' partial sums
 end
 
 function GQA:backward(dout, saved, need_dx)
     local batch = saved.batch
     local B, T, NH, nkv, hd = batch.B, batch.T, self.NH, self.nkv, self.hd
     local N = B * T
-    local dof = self.o_proj:backward(dout, saved.o)
+    local dof = self.o_proj:backward(self.output:backward(dout), saved.o)
     local dqh, dkh, dv = attention.backward_tokens(dof:view({B, T, NH, hd}), saved.att)
     local dq = self:qk_backward(dqh, self.q_norm, saved.qn, batch)
     local dk = self:qk_backward(dkh, self.k_norm, saved.kn, batch)
@@ -144,9 +139,7 @@ function GQA:backward(dout, saved, need_dx)
     local dx2 = self.k_proj:backward(dk, saved.k, need_dx)
     local dx3 = self.v_proj:backward(dv:view({N, nkv * hd}), saved.v, need_dx)
     if need_dx == false then return nil end
-    dx = ops.add_(ops.add_(dx, dx2), dx3)
-    if self.reduce then dist.all_reduce(dx, {group = self.tp}) end
-    return dx
+    return self.input:backward(ops.add_(ops.add_(dx, dx2), dx3))
 end
 
 return GQA

@@ -9,7 +9,11 @@
 --   indexer.* on full layers (lunar.nn.dsa).
 --
 --   attn = MLA.new(store, name, cfg, {indexer = 'full'|'shared'|'none', indexer_loss_coeff = 0,
---                                     indexer_loss = 'sparse'|'dense'})
+--                                     indexer_loss = 'sparse'|'dense', par = ctx})
+--       ctx (lunar.parallel.context): under tensor parallel this rank's heads (q_b_proj and
+--       kv_b_proj column parallel by heads, o_proj row parallel) and the mappings that reduce its
+--       partial sums; the low-rank projections, their norms and the indexer stay whole (the
+--       indexer's heads split too with the context's split_indexer)
 --       cfg: HF config fields hidden_size, num_attention_heads, q_lora_rank, kv_lora_rank,
 --       qk_nope_head_dim, qk_rope_head_dim, v_head_dim, attention_bias, rope_parameters (for
 --       YaRN's mscale only), and for the indexer index_topk, index_n_heads, index_head_dim.
@@ -38,7 +42,7 @@
 local lunar_core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local ops = require 'lunar.ops'
-local dist = require 'lunar.dist'
+local context = require 'lunar.parallel.context'
 local Linear = require 'lunar.nn.linear'
 local RMSNorm = require 'lunar.nn.rmsnorm'
 local attention = require 'lunar.nn.attention'
@@ -70,22 +74,15 @@ function MLA.new(store, name, cfg, opts)
     opts = opts or {}
     local who = 'MLA ' .. name
     local bias = cfg.attention_bias and true or false
-    -- tensor parallel: this rank's heads (q_b_proj and kv_b_proj column parallel by heads, o_proj row
-    -- parallel); the low-rank projections, their norms and the indexer stay whole (the indexer's
-    -- heads split too with opts.split_indexer)
-    local NH = need(cfg, 'num_attention_heads', who)
-    local tp = opts.tp and opts.tp:size() > 1 and opts.tp or nil
-    if tp then
-        if NH % tp:size() ~= 0 then
-            tensor.fail(('%s: num_attention_heads %d is not divisible by tp = %d'):format(who, NH, tp:size()))
-        end
-        NH = NH / tp:size()
-    end
+    local par = opts.par or context.NONE
+    -- tensor parallel: this rank's heads
+    local NH = par:heads(cfg, 'num_attention_heads', who)
+    local io = par:block('attention')
     local self = setmetatable({
-        store = store, name = name, tp = tp,
-        -- the partial sums (output, input gradient) all-reduced here, or by the caller (sequence
-        -- parallel reduce-scatters them; opts.defer_reduce)
-        reduce = tp and not opts.defer_reduce and tp or nil,
+        store = store, name = name, par = par,
+        -- the partial sums (output, input gradient) all-reduced here, or by the decoder layer
+        -- (sequence parallel reduce-scatters them)
+        input = io.input, output = io.output,
         H = need(cfg, 'hidden_size', who), NH = NH,
         Rq = need(cfg, 'q_lora_rank', who), Rkv = need(cfg, 'kv_lora_rank', who),
         Dn = need(cfg, 'qk_nope_head_dim', who), Dr = need(cfg, 'qk_rope_head_dim', who),
@@ -110,8 +107,8 @@ function MLA.new(store, name, cfg, opts)
     if self.indexer_loss ~= 'sparse' and self.indexer_loss ~= 'dense' then
         tensor.fail(('%s: indexer_loss must be sparse or dense, got %s'):format(who, tostring(self.indexer_loss)))
     end
-    -- opts.split_indexer: the indexer's heads split over tp too (its scores all-reduced, B x T x T)
-    if it == 'full' then self.indexer = DSA.new(store, name .. '.indexer', cfg, {tp = opts.split_indexer and tp or nil}) end
+    -- (split_indexer: the indexer's heads split over tp too, its scores all-reduced, B x T x T)
+    if it == 'full' then self.indexer = DSA.new(store, name .. '.indexer', cfg, {par = par}) end
     if it ~= 'none' then self.index_topk = need(cfg, 'index_topk', who) end
     return self
 end
@@ -128,7 +125,7 @@ function MLA:tp_partial()
     end
     out[#out + 1] = self.name .. '.q_a_layernorm.weight'
     out[#out + 1] = self.name .. '.kv_a_layernorm.weight'
-    return out
+    return self.par:partial(out)
 end
 
 function MLA:forward(x, batch, prev_topk)
@@ -141,6 +138,7 @@ function MLA:forward(x, batch, prev_topk)
         tensor.fail(('MLA %s: inv_freq has %d entries, expected qk_rope_head_dim/2 = %d'):format(
             self.name, batch.inv_freq:numel(), Dr / 2))
     end
+    x = self.input:forward(x)
     local saved = {batch = batch}
     -- q path: q_resid = q_a_layernorm(q_a_proj(x)); q = q_b_proj(q_resid), per head [nope | rope]
     local qa
@@ -235,8 +233,7 @@ function MLA:forward(x, batch, prev_topk)
     local of = o:contiguous():view({N, NH * Dv})
     local out
     out, saved.o = self.o_proj:forward(of)
-    if self.reduce then dist.all_reduce(out, {group = self.tp}) end   -- the heads' partial sums
-    return out, saved, topk
+    return self.output:forward(out), saved, topk   -- the heads' partial sums
 end
 
 function MLA:backward(dout, saved, need_dx)
@@ -245,7 +242,7 @@ function MLA:backward(dout, saved, need_dx)
     local N = B * T
     local indexer_loss = saved.indexer_loss
     if saved.isaved then self.indexer:backward(saved.isaved) end
-    local dof = self.o_proj:backward(dout, saved.o)
+    local dof = self.o_proj:backward(self.output:backward(dout), saved.o)
     local dq, dk, dv
     if saved.att.dense then
         local dqh, dkh, dvh = attention.backward_dense(dof:view({B, T, NH, Dv}):transpose(2, 3), saved.att)
@@ -273,12 +270,10 @@ function MLA:backward(dout, saved, need_dx)
     local dqa = self.q_a_layernorm:backward(dq_resid, saved.qn)
     local dx2 = self.q_a_proj:backward(dqa, saved.qa, need_dx)
     if need_dx == false then return nil, indexer_loss end
-    dx = ops.add_(dx, dx2)
     -- tensor parallel: this rank's heads' share of dx (the whole sub-modules before the heads ran
     -- on this rank's share of their output gradient; their parameter gradients are reduced once a
     -- step, model:reduce_tp_grads)
-    if self.reduce then dist.all_reduce(dx, {group = self.tp}) end
-    return dx, indexer_loss
+    return self.input:backward(ops.add_(dx, dx2)), indexer_loss
 end
 
 return MLA

@@ -7,8 +7,8 @@
 --   relu               max(x, 0); its derivative at 0 is 0, as torch's
 -- x (N, H) -> y (N, H); gate/up (I, H), down (H, I) under `name` (".gate_proj" ...).
 local ops = require 'lunar.ops'
-local dist = require 'lunar.dist'
 local Linear = require 'lunar.nn.linear'
+local mappings = require 'lunar.parallel.mappings'
 
 local MLP = {}
 MLP.__index = MLP
@@ -27,17 +27,18 @@ function MLP.check_act(act, where)
     end
 end
 
--- opts.tp (a lunar.dist group): tensor parallel, this rank holds a block of gate/up's rows (column
--- parallel) and the same block of down's columns (row parallel); the output's partial sums and the
--- input gradient's are all-reduced over the group (Megatron's column/row rule); with
--- opts.defer_reduce they are left partial for the caller (lunar.nn.MoE adds its routed rows
+-- opts.input, opts.output (lunar.parallel.mappings, the identity by default): under tensor
+-- parallel this rank holds a block of gate/up's rows (column parallel) and the same block of
+-- down's columns (row parallel); its parallel context (lunar.parallel.context) gives the
+-- mappings that all-reduce the output's partial sums and the input gradient's over tp
+-- (Megatron's column / row rule), or leave them to the caller (lunar.nn.MoE adds its routed rows
 -- first; under sequence parallel the decoder layer reduce-scatters them)
 function MLP.new(store, name, act, opts)
     MLP.check_act(act, 'MLP ' .. name)
-    local tp = opts and opts.tp
+    opts = opts or {}
     return setmetatable({
-        name = name, act = act, tp = tp and tp:size() > 1 and tp or nil,
-        reduce = tp and tp:size() > 1 and not opts.defer_reduce and tp or nil,
+        name = name, act = act,
+        input = opts.input or mappings.identity, output = opts.output or mappings.identity,
         gate = Linear.new(store, name .. '.gate_proj'),
         up = Linear.new(store, name .. '.up_proj'),
         down = Linear.new(store, name .. '.down_proj'),
@@ -65,23 +66,22 @@ MLP.activate, MLP.activate_backward = activate, activate_backward
 
 -- forward(x[, opts]): opts go to the three Linears (row_invariant)
 function MLP:forward(x, opts)
+    x = self.input:forward(x)
     local g, sg = self.gate:forward(x, opts)
     local u, su = self.up:forward(x, opts)
     local a = activate(self.act, g, u)
     local y, sd = self.down:forward(a, opts)
-    if self.reduce then dist.all_reduce(y, {group = self.reduce}) end
-    return y, {g = g, u = u, sg = sg, su = su, sd = sd}
+    return self.output:forward(y), {g = g, u = u, sg = sg, su = su, sd = sd}
 end
 
 function MLP:backward(dy, saved, need_dx)
+    dy = self.output:backward(dy)
     local da = self.down:backward(dy, saved.sd)
     local dg, du = activate_backward(self.act, da, saved.g, saved.u)
     local dx1 = self.gate:backward(dg, saved.sg, need_dx)
     local dx2 = self.up:backward(du, saved.su, need_dx)
     if need_dx == false then return nil end
-    local dx = ops.add_(dx1, dx2)
-    if self.reduce then dist.all_reduce(dx, {group = self.reduce}) end
-    return dx
+    return self.input:backward(ops.add_(dx1, dx2))
 end
 
 return MLP

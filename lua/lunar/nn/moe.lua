@@ -2,7 +2,7 @@
 -- (Glm4MoeMoE): a sigmoid top-k router, routed experts (gated MLPs) and shared experts.
 -- x (N, H) -> y (N, H). Spec: glm5-architecture.md sections 7, 9.2 and 14.3; docs/model.md.
 --
---   local moe = MoE.new(store, 'model.layers.3.mlp', cfg[, {group_fill = -math.huge, ep = group}])
+--   local moe = MoE.new(store, 'model.layers.3.mlp', cfg[, {group_fill = -math.huge, par = ctx}])
 --   local y, saved, routing = moe:forward(x[, {replay_idx = idx, row_invariant = false}])
 --   local dx = moe:backward(dy, saved[, need_dx])
 --   local idx, w, sk = MoE.route(logits, bias, cfg[, {replay_idx =, group_fill =}])
@@ -32,16 +32,18 @@
 -- same bits on every backend. The backward's dx goes the same way, and the router's gradient
 -- comes back to the (token, slot) layout by a gather through the inverse.
 --
--- Expert parallel (MoE.new's opts.ep, a lunar.dist group): this rank holds a range of the
--- experts; after the sort, the rows bound for each member are consecutive, so one all_to_all
--- (counts first) sends them, the members run their experts on the blocks they received (by
--- sender, then expert) and a reverse all_to_all brings the unscaled outputs back to be scaled
--- and combined as above; backward sends the output gradients the same way and brings back the
--- input gradients and each row's routing-weight gradient. Every member takes part in every
--- exchange, rows or none. With tensor parallel too (opts.tp), the tp members hold the same tokens:
--- each routes and dispatches only its share of the rows, adds the routed outputs into the shared
--- experts' partial sums, and one all-reduce over tp makes the output whole (the input gradient
--- likewise); the router's gradient is then the member's share (MoE:tp_partial). docs/parallel.md.
+-- Split over ranks (MoE.new's opts.par, a lunar.parallel.context; lunar.parallel.moe): the
+-- context's dispatcher says where the routed experts are. Under expert parallel this rank holds
+-- a range of them; after the sort, the rows bound for each member are consecutive, so one
+-- all_to_all (counts first) sends them, the members run their experts on the blocks they
+-- received (by sender, then expert) and a reverse all_to_all brings the unscaled outputs back to
+-- be scaled and combined as above; backward sends the output gradients the same way and brings
+-- back the input gradients and each row's routing-weight gradient. The context's token strategy
+-- says which rows this rank routes: with tensor parallel too, the tp members hold the same
+-- tokens, each routes and dispatches only its share of the rows, adds the routed outputs into the
+-- shared experts' partial sums, and the layer's output mapping (one all-reduce over tp) makes the
+-- output whole (the input gradient likewise); the router's gradient is then the member's share
+-- (MoE:tp_partial). docs/parallel.md.
 --
 -- Routing replay (R3): opts.replay_idx (N, K) gives the expert ids to use; the weights are still
 -- computed from the current router at those ids, so the router gets its gradient.
@@ -56,8 +58,8 @@
 -- of rows; the shared experts are a lunar.nn.MLP, whose Linears do the same.
 local core = require 'lunar.core'
 local ops = require 'lunar.ops'
-local dist = require 'lunar.dist'
 local tensor = require 'lunar.tensor'
+local context = require 'lunar.parallel.context'
 local MLP = require 'lunar.nn.mlp'
 local lora = require 'lunar.nn.lora'
 
@@ -163,37 +165,30 @@ end
 
 -- MoE.new(store, name, cfg[, opts]): opts.group_fill overrides the value given to the experts of
 -- dropped groups (default -inf; 0.0 reproduces transformers 4.5x / early v5 Glm4Moe).
--- opts.ep: a lunar.dist group of expert-parallel ranks: member r holds the routed experts
--- [r * E / ep, (r + 1) * E / ep) (lunar.model.params.expert_range) and runs them for the tokens
--- of every member (all_to_all dispatch and combine); the router is replicated. opts.tp (a
--- lunar.dist group): the shared experts split over it (lunar.nn.MLP); with opts.ep as well, each
--- tp member sends its share of the tokens to the experts.
+-- opts.par (a lunar.parallel.context; not split by default): the dispatcher (under expert
+-- parallel member r of the ep group holds the routed experts [r * E / ep, (r + 1) * E / ep),
+-- lunar.model.params.expert_range, and runs them for the tokens of every member), the token
+-- strategy (which rows this tp member routes) and the mappings around the layer and its shared
+-- experts (split over tp like a dense MLP); the router is replicated.
 function MoE.new(store, name, cfg, opts)
     opts = opts or {}
     local rc = routing_cfg(cfg, 'MoE ' .. name)
     if opts.group_fill ~= nil then rc.fill = opts.group_fill end
     local act = cfg.hidden_act or 'silu'
     MLP.check_act(act, 'MoE ' .. name)
+    local par = opts.par or context.NONE
+    local parts = par:moe(name, rc)
+    local io = par:block('moe')
     local self = setmetatable({
         store = store, name = name, rc = rc, act = act,
         router_name = name .. '.gate.weight',
         bias_name = name .. '.gate.e_score_correction_bias',
         gate_names = {}, up_names = {}, down_names = {},
         gate_mods = {}, up_mods = {}, down_mods = {},     -- module names (LoRA adapters)
-        first = 0, count = rc.E,                           -- the experts held here: [first, first + count)
+        dispatcher = parts.dispatcher, tokens = parts.tokens, par = par, input = io.input, output = io.output,
+        -- the experts held here: [first, first + count)
+        first = parts.dispatcher.first, count = parts.dispatcher.count,
     }, MoE)
-    local etp = opts.etp and opts.etp:size() > 1 and opts.etp or nil
-    if opts.ep and (opts.ep:size() > 1 or etp) then
-        local ep = opts.ep:size()
-        if rc.E % ep ~= 0 then
-            fail(('MoE %s: n_routed_experts %d is not divisible by the expert-parallel size ep = %d'):format(name, rc.E, ep))
-        end
-        self.ep, self.count = opts.ep, rc.E / ep
-        self.first = opts.ep:rank() * self.count
-    elseif etp then
-        fail(('MoE %s: expert tensor parallel (etp = %d) needs the ep group (of size 1 when ep = 1)'):format(name, etp:size()))
-    end
-    self.etp = etp
     for e = self.first, self.first + self.count - 1 do
         local p = name .. '.experts.' .. e
         self.gate_mods[e], self.up_mods[e], self.down_mods[e] = p .. '.gate_proj', p .. '.up_proj', p .. '.down_proj'
@@ -203,15 +198,9 @@ function MoE.new(store, name, cfg, opts)
     end
     local ns = cfg.n_shared_experts
     if ns == nil then ns = 1 end
-    if self.ep and opts.tp and opts.tp:size() > 1 then self.tp_rows = opts.tp end
-    -- sequence parallel (opts.sp with opts.tp): the output and the input gradient are left as
-    -- partial sums (the routed rows of this rank's share added in) for the caller to reduce-scatter
-    if opts.sp and opts.tp and opts.tp:size() > 1 then self.sp = opts.tp end
-    -- under tp x ep (or sequence parallel) the shared experts' partial sums are reduced together
-    -- with the routed rows
     if ns > 0 then
-        self.shared = MLP.new(store, name .. '.shared_experts', act, {tp = opts.tp,
-            defer_reduce = self.tp_rows ~= nil or self.sp ~= nil})
+        local sio = par:block('shared_experts')
+        self.shared = MLP.new(store, name .. '.shared_experts', act, {input = sio.input, output = sio.output})
     end
     return self
 end
@@ -366,87 +355,6 @@ local function experts_backward(self, xs, dys, ws, hits, se, want_dx)
     return a, dXs
 end
 
--- Expert parallel: the sorted (token, slot) rows of this rank go to the members holding their
--- experts. counts (E): this rank's rows per expert. Returns the row splits to send and receive
--- (one per member) and the blocks of the received rows (by sending member, then expert).
-local function ep_plan(self, counts)
-    local ep, El = self.ep:size(), self.count
-    local send, sizes = {}, {}
-    for j = 0, ep - 1 do
-        local s = 0
-        for le = 1, El do s = s + counts[j * El + le] end
-        send[j + 1] = s
-        sizes[j + 1] = El
-    end
-    local c = core.from_flat(counts, {#counts}, 'i64')
-    local got = dist.all_to_all(c, sizes, sizes, {group = self.ep}):tolist_flat()   -- (ep * El)
-    local recv, hits, off = {}, {}, 0
-    for s = 0, ep - 1 do
-        local total = 0
-        for le = 0, El - 1 do
-            local n = got[s * El + le + 1]
-            if n > 0 then hits[#hits + 1] = {e = self.first + le, off = off + 1, n = n, src = s} end
-            off, total = off + n, total + n
-        end
-        recv[s + 1] = total
-    end
-    return send, recv, hits, got
-end
-
--- Expert tensor parallel: the etp members hold the same experts, each a block of their matrices
--- (gate/up rows, down columns). Every member runs the rows all of them received, and the partial
--- outputs are summed back to the member that received each row. got: this member's received
--- rows per (sender, local expert). Returns the blocks of the rows of every member (by member,
--- sender, expert) and {rows = each member's row count, mine = this member's}.
-local function etp_plan(self, got)
-    local n, ep, El = self.etp:size(), self.ep:size(), self.count
-    local per = ep * El
-    local all = dist.all_gather(core.from_flat(got, {per}, 'i64'), {group = self.etp}):tolist_flat()
-    local hits, rows, off = {}, {}, 0
-    for m = 0, n - 1 do
-        local total = 0
-        for s = 0, ep - 1 do
-            for le = 0, El - 1 do
-                local c = all[m * per + s * El + le + 1]
-                if c > 0 then hits[#hits + 1] = {e = self.first + le, off = off + 1, n = c, src = m * ep + s} end
-                off, total = off + c, total + c
-            end
-        end
-        rows[m + 1] = total
-    end
-    return hits, {rows = rows, mine = rows[self.etp:rank() + 1]}
-end
-
--- every etp member's rows (R_m, C) stacked in member order: an all-gather of uneven pieces (an
--- all_to_all sending this member's rows to each)
-local function etp_gather(self, t, plan)
-    local n, mine = self.etp:size(), plan.mine
-    local C = t:size(2)
-    local rep = core.empty({n * mine, C}, t:dtype(), t:device())
-    if mine > 0 then for m = 0, n - 1 do rep:narrow(1, m * mine + 1, mine):copy_(t) end end
-    local sends = {}
-    for m = 1, n do sends[m] = mine end
-    local all = dist.all_to_all(rep, sends, plan.rows, {group = self.etp})
-    rep:free()
-    return all
-end
-
--- the partial sums over the stacked rows (sum R_m, C) back to their members, added in member
--- order: (R_me, C)
-local function etp_reduce(self, t, plan)
-    local n, mine = self.etp:size(), plan.mine
-    local C = t:size(2)
-    local recvs = {}
-    for m = 1, n do recvs[m] = mine end
-    local parts = dist.all_to_all(t:contiguous(), plan.rows, recvs, {group = self.etp})   -- (n * mine, C)
-    local out = core.empty({mine, C}, t:dtype(), t:device())
-    if mine == 0 then parts:free(); return out end
-    out:copy_(parts:narrow(1, 1, mine))
-    for m = 1, n - 1 do ops.add_(out, parts:narrow(1, m * mine + 1, mine)) end
-    parts:free()
-    return out
-end
-
 -- The routed experts and the router on x (N, H): out (N, H) (without the shared experts), saved,
 -- {idx =, weights =}.
 local function routed_forward(self, x, opts)
@@ -494,53 +402,20 @@ local function routed_forward(self, x, opts)
 
     local out = core.empty({N, H}, dt, dev)
     local saved = {x = x, x32 = x32, idx = idx, sk = sk, inv = inv, rows = rows, tok = tok, wsorted = wsorted}
-    if self.ep then
-        -- expert parallel: every member takes part, with or without rows
-        local send, recv, hits, got = ep_plan(self, counts)
-        local xs = ops.index_select(x, 1, tok)                        -- (NK, H)
-        local xr = dist.all_to_all(xs, send, recv, {group = self.ep}) -- (R, H) by sender, then expert
-        xs:free()
-        local wr = dist.all_to_all(wsorted, send, recv, {group = self.ep})
-        local et
-        if self.etp then   -- every etp member's rows, through this member's blocks of the experts
-            if store.lora then
-                fail(('MoE %s: LoRA adapters on experts split by expert tensor parallel (etp = %d) are not implemented')
-                    :format(self.name, self.etp:size()))
-            end
-            hits, et = etp_plan(self, got)
-            local xg, wg = etp_gather(self, xr, et), etp_gather(self, wr, et)
-            xr:free(); wr:free()
-            xr, wr = xg, wg
-        end
-        local Yr, se = experts_forward(self, xr, hits, ri, opts)
-        if et then
-            local Ym = etp_reduce(self, Yr, et)
-            Yr:free()
-            Yr = Ym
-        end
-        local Y = dist.all_to_all(Yr, recv, send, {group = self.ep})  -- (NK, H) back in sorted order
-        Yr:free()
-        ops.mul(Y, wsorted, {out = Y})
-        ops.index_select_sum(Y, rows, {out = out})
-        Y:free()
-        saved.ep = {send = send, recv = recv, hits = hits, xr = xr, wr = wr, se = se, et = et}
-    elseif NK > 0 then
-        local hits, off = {}, 0
-        for e = 0, E - 1 do
-            local c = counts[e + 1]
-            if c > 0 then hits[#hits + 1] = {e = e, off = off + 1, n = c} end
-            off = off + c
-        end
-        local xs = ops.index_select(x, 1, tok)                        -- (NK, H)
-        local Y, se = experts_forward(self, xs, hits, ri, opts)
-        xs:free()
-        ops.mul(Y, wsorted, {out = Y})
-        ops.index_select_sum(Y, rows, {out = out})
-        Y:free()
-        saved.hits, saved.se = hits, se
-    else
-        out:fill_(0)
-    end
+    -- the sorted rows to the experts' ranks (under expert parallel every member takes part, with
+    -- or without rows), the experts, their unscaled outputs back in sorted order
+    local d = self.dispatcher
+    local plan = d:plan(counts)
+    local xs = ops.index_select(x, 1, tok)                            -- (NK, H)
+    local xr, wr = d:dispatch(self, xs, wsorted, plan)
+    local Yr, se = experts_forward(self, xr, plan.hits, ri, opts)
+    local kept = d:kept_rows(xr)
+    if not kept then xr:free() end
+    local Y = d:combine(Yr, plan)
+    ops.mul(Y, wsorted, {out = Y})
+    ops.index_select_sum(Y, rows, {out = out})
+    Y:free()
+    saved.plan, saved.hits, saved.xr, saved.wr, saved.se = plan, plan.hits, kept, wr, se
     return out, saved, {idx = idx, weights = w}
 end
 
@@ -556,44 +431,16 @@ local function routed_backward(self, dy, saved, dx)
     local NK = N * K
     local dt, dev = x:dtype(), x:device()
 
-    -- routed experts; a (NK) = d loss / d routing weight of each sorted pair
-    local a, dXs
-    if saved.ep then
-        local p = saved.ep
-        local dys = ops.index_select(dy, 1, saved.tok)                -- (NK, H), unscaled
-        local dyr = dist.all_to_all(dys, p.send, p.recv, {group = self.ep})
-        dys:free()
-        if p.et then
-            local dg = etp_gather(self, dyr, p.et)
-            dyr:free()
-            dyr = dg
-        end
-        local ar, dXr = experts_backward(self, p.xr, dyr, p.wr, p.hits, p.se, want_dx)
-        dyr:free()
-        if p.et then   -- both are sums over the intermediate width: each member's is partial
-            local am = etp_reduce(self, ar:view(ar:numel(), 1), p.et)
-            ar:free()
-            ar = am
-            if dXr then
-                local dm = etp_reduce(self, dXr, p.et)
-                dXr:free()
-                dXr = dm
-            end
-        end
-        a = dist.all_to_all(ar:view(ar:numel(), 1), p.recv, p.send, {group = self.ep}):view(NK)
-        if dXr then
-            dXs = dist.all_to_all(dXr, p.recv, p.send, {group = self.ep})
-            dXr:free()
-        end
-    elseif NK > 0 then
-        local xs = ops.index_select(x, 1, saved.tok)                  -- (NK, H)
-        local dys = ops.index_select(dy, 1, saved.tok)                -- (NK, H), unscaled
-        a, dXs = experts_backward(self, xs, dys, saved.wsorted, saved.hits, saved.se, want_dx)
-        dys:free()
-        xs:free()
-    else
-        a = core.empty({NK}, 'f32', dev)
-    end
+    -- routed experts; a (NK) = d loss / d routing weight of each sorted pair (the rows are those
+    -- the dispatcher kept, or the input's taken again)
+    local d, plan = self.dispatcher, saved.plan
+    local dys = ops.index_select(dy, 1, saved.tok)                    -- (NK, H), unscaled
+    local dyr = d:dispatch_grad(dys, plan)
+    local xr = saved.xr or ops.index_select(x, 1, saved.tok)          -- (R, H)
+    local ar, dXr = experts_backward(self, xr, dyr, saved.wr, plan.hits, saved.se, want_dx)
+    dyr:free()
+    if not saved.xr then xr:free() end
+    local a, dXs = d:combine_grad(ar, dXr, plan)
     if dXs then
         ops.index_select_sum(dXs, saved.rows, {out = dx, accumulate = true})
         dXs:free()
@@ -638,82 +485,29 @@ local function routed_backward(self, dy, saved, dx)
     dL:free()
 end
 
--- Tensor parallel with expert parallel: the tp members hold the same tokens, and each sends only
--- its share to the experts: rows [first, first + n) of N, balanced (the first N % tp members one
--- more). Also returns the largest share.
--- (member: another member's share instead of this one's; the count first then)
-local function tp_share(self, N, member)
-    local g = self.tp_rows or self.sp
-    local T = g:size()
-    local base, rem = math.floor(N / T), N % T
-    if member then return base + (member < rem and 1 or 0) end
-    local r = g:rank()
-    return r * base + math.min(r, rem), base + (r < rem and 1 or 0), base + (rem > 0 and 1 or 0)
-end
-
--- every tp member's routes, whole: idx (N, K) i64 and weights (N, K) f32 from this member's rows
--- (one all_gather of both, exact in f64, each member's rows padded to the largest share)
-local function gather_routes(self, routes, N)
-    local K = self.rc.K
-    local _, n, most = tp_share(self, N)
-    local dev = routes.weights:device()
-    local pack = core.empty({most, 2 * K}, 'f64', dev):fill_(0)
-    if n > 0 then
-        pack:narrow(1, 1, n):narrow(2, 1, K):copy_(routes.idx)
-        pack:narrow(1, 1, n):narrow(2, K + 1, K):copy_(routes.weights)
-    end
-    local all = dist.all_gather(pack, {group = self.tp_rows})             -- (T * most, 2K)
-    local pick = {}
-    for m = 0, self.tp_rows:size() - 1 do
-        for i = 0, tp_share(self, N, m) - 1 do pick[#pick + 1] = m * most + i end
-    end
-    local whole = ops.index_select(all, 1, core.from_flat(pick, {N}, 'i64', dev))
-    return {idx = whole:narrow(2, 1, K):to('i64'), weights = whole:narrow(2, K + 1, K):to('f32')}
+local function routed(self)
+    return function(rows, opts) return routed_forward(self, rows, opts) end
 end
 
 -- forward(x (N, H)[, {replay_idx = (N, K), row_invariant =}]) -> y (N, H), saved,
--- {idx = (N, K) i64, weights = (N, K) f32}
+-- {idx = (N, K) i64, weights = (N, K) f32}. The token strategy runs the router and the routed
+-- experts on the rows this rank routes, and the shared experts; the output mapping reduces what
+-- the tp members' partial sums leave to the layer.
 function MoE:forward(x, opts)
     opts = opts or {}
     if not tensor.is_tensor(x) or x:dim() ~= 2 then
         fail(('MoE %s: x must be a 2-dim (tokens, hidden) tensor, got %s'):format(self.name,
             tensor.is_tensor(x) and shape_str(x) or type(x)))
     end
+    x = self.input:forward(x)
     local ri = opts.row_invariant and opts or nil
-    if not self.tp_rows and not self.sp then
-        local out, saved, routes = routed_forward(self, x, opts)
-        if self.shared then
-            local ys, ss = self.shared:forward(x, ri)
-            ops.add_(out, ys)
-            ys:free()
-            saved.shared = ss
-        end
-        return out, saved, routes
-    end
-    -- tensor x expert parallel: this member's rows through the experts, written into the shared
-    -- experts' partial sums (zeros elsewhere), and one all-reduce over tp makes the whole output.
-    -- Sequence parallel without ep: every tp member routes every row (the experts are whole), and
-    -- only its share's rows join the partial sums; the caller reduce-scatters them.
-    local N = x:size(1)
-    local first, n = tp_share(self, N)
-    local out
-    local ss
-    if self.shared then out, ss = self.shared:forward(x, ri) else out = core.empty(x:size(), x:dtype(), x:device()):fill_(0) end
-    local part = out:narrow(1, first + 1, n)
-    local yr, saved, routes
-    if self.tp_rows then
-        yr, saved, routes = routed_forward(self, x:narrow(1, first + 1, n), {replay_idx = opts.replay_idx and
-            opts.replay_idx:narrow(1, first + 1, n), row_invariant = opts.row_invariant})
-        ops.add_(part, yr)
-        routes = gather_routes(self, routes, N)
-    else
-        yr, saved, routes = routed_forward(self, x, opts)
-        ops.add_(part, yr:narrow(1, first + 1, n))
-    end
-    yr:free()
-    if not self.sp then dist.all_reduce(out, {group = self.tp_rows}) end
-    saved.shared, saved.share = ss, {first = first, n = n, N = N, all_rows = not self.tp_rows}
-    return out, saved, routes
+    local shared = self.shared and function() return self.shared:forward(x, ri) end or nil
+    local y, saved, routes = self.tokens:forward(routed(self), shared, x, opts)
+    return self.output:forward(y), saved, routes
+end
+
+local function routed_grad(self)
+    return function(dy, saved, dx) return routed_backward(self, dy, saved, dx) end
 end
 
 -- backward(dy (N, H), saved[, need_dx]) -> dx (N, H) (nil when need_dx == false). Accumulates
@@ -728,37 +522,19 @@ function MoE:backward(dy, saved, need_dx)
         fail(('MoE %s: dy has shape %s, expected (%d, %d)'):format(self.name,
             tensor.is_tensor(dy) and shape_str(dy) or type(dy), N, H))
     end
+    dy = self.output:backward(dy)
     local dx
     if self.shared then dx = self.shared:backward(dy, saved.shared, need_dx) end
-    if want_dx and not dx then dx = core.empty({N, H}, saved.x:dtype(), saved.x:device()):fill_(0) end
-    if not saved.share then
-        routed_backward(self, dy, saved, dx)
-        return dx
-    end
-    -- tensor x expert parallel: this member's rows; the input gradient, like the output, is the
-    -- sum over tp of the shared experts' partial and each member's rows (sequence parallel: left
-    -- partial for the caller, and without ep every row's routed gradient is computed, its share's
-    -- rows kept)
-    local sh = saved.share
-    if sh.all_rows then
-        local dxr = want_dx and core.empty({N, H}, saved.x:dtype(), saved.x:device()):fill_(0) or nil
-        routed_backward(self, dy, saved, dxr)
-        if not want_dx then return nil end
-        ops.add_(dx:narrow(1, sh.first + 1, sh.n), dxr:narrow(1, sh.first + 1, sh.n))
-        dxr:free()
-    else
-        routed_backward(self, dy:narrow(1, sh.first + 1, sh.n), saved, dx and dx:narrow(1, sh.first + 1, sh.n))
-        if not want_dx then return nil end
-    end
-    if not self.sp then dist.all_reduce(dx, {group = self.tp_rows}) end
-    return dx
+    dx = self.tokens:backward(routed_grad(self), dy, saved, dx, want_dx,
+        {shape = {N, H}, dtype = saved.x:dtype(), device = saved.x:device()})
+    if not want_dx then return nil end
+    return self.input:backward(dx)
 end
 
 -- tensor x expert parallel: the router's gradient is this member's rows' share (all-reduced over
 -- tp by the caller, lunar.model's tp_partial_grads)
 function MoE:tp_partial()
-    if not self.tp_rows then return {} end
-    return {self.router_name}
+    return self.tokens:partial({self.router_name})
 end
 
 MoE.routing_cfg = routing_cfg

@@ -15,6 +15,7 @@ function Params.new(opts)
         grads = {},            -- name -> gradient tensor (trainable only, created lazily)
         trainable = {},        -- name -> bool
         order = {},            -- names in registration order
+        holders = {},          -- gradient buffers that hold some of the gradients (hold_grads)
         grad_dtype = opts.grad_dtype or 'f32',
     }, Params)
 end
@@ -44,9 +45,14 @@ function Params:set_trainable(name, on)
     self.trainable[name] = on and true or false
 end
 
--- The gradient tensor of a trainable parameter (zeros on first use); nil if frozen.
+-- The gradient tensor of a trainable parameter (zeros on first use); nil if frozen. A parameter
+-- that a gradient buffer holds (Params:hold_grads) gets the buffer's view.
 function Params:grad(name)
     if not self.trainable[name] then return nil end
+    for i = #self.holders, 1, -1 do
+        local g = self.holders[i]:grad_of(name, self)
+        if g then return g end
+    end
     local g = self.grads[name]
     if not g then
         local t = self.tensors[name]
@@ -65,8 +71,26 @@ function Params:adapter(name)
     return set and set.modules[name]
 end
 
+-- hold_grads(holder): from now on the gradients of the parameters `holder` holds are its views
+-- (lunar.optim.grad_buffer: one flat buffer reduced in buckets). holder:grad_of(name, store) ->
+-- the view of a parameter it holds (recording that the parameter got a gradient), else nil;
+-- holder:zero() zeroes every gradient it holds.
+function Params:hold_grads(holder)
+    self.holders[#self.holders + 1] = holder
+end
+
+-- zero_grad(): every gradient zero, the buffers' whole (their views and padding) included
 function Params:zero_grad()
-    for _, g in pairs(self.grads) do g:fill_(0) end
+    if #self.holders == 0 then
+        for _, g in pairs(self.grads) do g:fill_(0) end
+        return
+    end
+    for _, h in ipairs(self.holders) do h:zero() end
+    for name, g in pairs(self.grads) do
+        local held = false
+        for _, h in ipairs(self.holders) do if h:holds(name) then held = true break end end
+        if not held then g:fill_(0) end
+    end
 end
 
 -- Iterates names in registration order.

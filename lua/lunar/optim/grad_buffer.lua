@@ -20,14 +20,14 @@
 -- bucket_elems elements from the start of the buffer; the last one also holds the padding. A
 -- bucket starts as soon as all its parameters are complete, whatever the others do.
 --
--- The store's gradients become views of the buffer: store:grad(name) hands out the view (zero on
--- first use) and records that the parameter got a gradient on this rank. A parameter "has a
+-- The store's gradients become views of the buffer (store:hold_grads): store:grad(name) hands out
+-- the view (zero on first use) and records that the parameter got a gradient on this rank. A parameter "has a
 -- gradient" for the optimizer when any rank of the group gave it one (finish() exchanges the
 -- marks), which is what one rank computing the whole global batch would see (an expert that
 -- received no token on one rank but some on another still gets its update).
 --
--- Overlap: watch(model) wraps the backward of each decoder layer's input norm (the last module
--- a layer's backward runs), so when layer i is done its parameters count as complete; a bucket
+-- Overlap: watch(model) asks the model to say when the backward of each decoder layer is done
+-- (model:on_layer_backward), so when layer i is done its parameters count as complete; a bucket
 -- starts (non-blocking MPI_Iallreduce / MPI_Ireduce_scatter, or NCCL on the tensor's stream)
 -- once all its parameters are complete, and every layer boundary tests the pending requests, which
 -- is what moves data in MPI implementations without a progress thread. Whatever the hooks did not
@@ -36,7 +36,6 @@
 local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local dist = require 'lunar.dist'
-local Params = require 'lunar.nn.params'
 
 local fail = tensor.fail
 
@@ -114,24 +113,24 @@ function M.new(store, o)
     end
     self:_make_buckets(o.bucket_elems or M.DEFAULT_BUCKET_ELEMS)
     -- the store hands out views of the buffer from now on (frozen parameters still get nil)
-    local buffer = self
-    local outer_grad = store.grad or Params.grad
-    local outer_zero = rawget(store, 'zero_grad')    -- another buffer's, or nil
-    store.grad = function(st, name)
-        local e = buffer.by_name[name]
-        if not e then return outer_grad(st, name) end
-        if not buffer.touched[e.index] then
-            buffer.touched[e.index] = true
-            st.grads[name] = e.grad
-        end
-        return e.grad
-    end
-    store.zero_grad = function(st)
-        flat:fill_(0)
-        if outer_zero then outer_zero(st) end
-    end
+    store:hold_grads(self)
     return self
 end
+
+-- the store's view of parameter `name`'s gradient when this buffer holds it (and the mark that it
+-- got one on this rank), else nil (Params:hold_grads)
+function Buffer:grad_of(name, store)
+    local e = self.by_name[name]
+    if not e then return nil end
+    if not self.touched[e.index] then
+        self.touched[e.index] = true
+        store.grads[name] = e.grad
+    end
+    return e.grad
+end
+
+function Buffer:holds(name) return self.by_name[name] ~= nil end
+function Buffer:zero() self.flat:fill_(0) end
 
 -- the index in model.layers of the decoder layer that owns parameter `name` (its name starts with
 -- the layer's name and a dot: "model.layers.3.mlp..." is layer "model.layers.3"), or nil
@@ -205,9 +204,10 @@ function Buffer:_make_buckets(cap)
     self.buckets = buckets
 end
 
--- watch(model): each decoder layer's backward marks its parameters complete (see the header)
+-- watch(model): each decoder layer's backward marks its parameters complete (see the header;
+-- the model calls the function given to its on_layer_backward when a layer's backward is done)
 function Buffer:watch(model)
-    if self.watched or type(model) ~= 'table' or type(model.layers) ~= 'table' then return self end
+    if self.watched or type(model) ~= 'table' or type(model.on_layer_backward) ~= 'function' then return self end
     self.watched = true
     local lists = {}
     for _, e in ipairs(self.entries) do
@@ -217,19 +217,9 @@ function Buffer:watch(model)
             table.insert(lists[i], e)
         end
     end
-    for i, L in ipairs(model.layers) do
-        local norm = L.input_norm
-        if type(norm) == 'table' and type(norm.backward) == 'function' and lists[i] then
-            local list = lists[i]
-            local backward = norm.backward
-            local buffer = self
-            norm.backward = function(mod, ...)
-                local a, b = backward(mod, ...)
-                if buffer.armed then buffer:_complete(list) end
-                return a, b
-            end
-        end
-    end
+    model:on_layer_backward(function(i)
+        if self.armed and lists[i] then self:_complete(lists[i]) end
+    end)
     return self
 end
 

@@ -207,7 +207,7 @@ function M.shard_name(rank) return ('%s/rank_%05d.safetensors'):format(M.SHARD_D
 
 -- every rank of `group` writes its shard into tmp (made by rank 0, whose pid names it), and with
 -- model_shard (a table, given on every rank: the model's pieces this rank writes, maybe none) its
--- model pieces into tmp/model (lunar.model.sharded)
+-- model pieces into tmp/model (lunar.parallel.checkpoint)
 local function write_shards(root, name, group, shard, model_shard)
     local dist = require 'lunar.dist'
     local rank = group:rank()
@@ -222,7 +222,7 @@ local function write_shards(root, name, group, shard, model_shard)
     end
     dist.barrier({group = group})
     if model_shard and next(model_shard) then
-        local path = join(tmp, 'model/' .. require('lunar.model.sharded').file_name(dist.rank()))
+        local path = join(tmp, 'model/' .. require('lunar.parallel.checkpoint').file_name(dist.rank()))
         lio.save_safetensors(path, model_shard, {metadata = {format = M.FORMAT, part = 'model', rank = tostring(rank),
             ranks = tostring(group:size())}})
         fs.fsync(path)
