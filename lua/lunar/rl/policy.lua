@@ -18,6 +18,7 @@ local loss = require 'lunar.rl.loss'
 local lora = require 'lunar.nn.lora'
 local rlbatch = require 'lunar.rl.batch'
 local rlpar = require 'lunar.rl.parallel'
+local schedule = require 'lunar.parallel.schedule'
 
 local METRIC_SET = {}
 for _, m in ipairs(loss.METRICS) do METRIC_SET[m[1]] = true end
@@ -47,22 +48,20 @@ end
 -- the metrics' values from acc, combined over the data-parallel ranks first (dp: the sums and
 -- weights added, the extremes' largest taken): {name = number}
 local function metric_values(acc, dp)
-    if dp then
-        local sums, highs = {}, {}
-        for _, spec in ipairs(loss.METRICS) do
-            local high = spec[2] == 'min' or spec[2] == 'max'
-            local a = acc[spec[1]] or {v = high and -math.huge or 0, w = 0}
-            if high then highs[#highs + 1] = a.v else sums[#sums + 1] = a.v end
-            sums[#sums + 1] = a.w
-        end
-        sums, highs = {dp:sum(unpack(sums))}, {rlpar.max(dp, unpack(highs))}
-        local i, j = 0, 0
-        for _, spec in ipairs(loss.METRICS) do
-            local v
-            if spec[2] == 'min' or spec[2] == 'max' then j = j + 1; v = highs[j] else i = i + 1; v = sums[i] end
-            i = i + 1
-            acc[spec[1]] = {v = v, w = sums[i]}
-        end
+    local sums, highs = {}, {}
+    for _, spec in ipairs(loss.METRICS) do
+        local high = spec[2] == 'min' or spec[2] == 'max'
+        local a = acc[spec[1]] or {v = high and -math.huge or 0, w = 0}
+        if high then highs[#highs + 1] = a.v else sums[#sums + 1] = a.v end
+        sums[#sums + 1] = a.w
+    end
+    sums, highs = {dp:sum(unpack(sums))}, {dp:max(unpack(highs))}
+    local i, j = 0, 0
+    for _, spec in ipairs(loss.METRICS) do
+        local v
+        if spec[2] == 'min' or spec[2] == 'max' then j = j + 1; v = highs[j] else i = i + 1; v = sums[i] end
+        i = i + 1
+        acc[spec[1]] = {v = v, w = sums[i]}
     end
     local out = {}
     for _, spec in ipairs(loss.METRICS) do
@@ -253,11 +252,12 @@ local function mini_step(run, mini, advantages_of, acc)
     local dp = run.dp
     local want_entropy = true
     local total, metrics = 0, {}
-    for i, mb in ipairs(mini.micro) do
-        local last = i == #mini.micro
-        lunar.scope(function() with_mask(model, mb, function()
+    -- (the micro-batch's packed-row mask is built once for its forward and backward)
+    schedule.forward_backward(run.schedule, mini.micro, {
+        forward = function(mb)
+            mb.batch.block_mask = rlbatch.block_mask(mb, model:device())
             local dev = model:device()
-            local out = forward(model, mb, {logprobs = true, entropy = want_entropy,
+            local out, saved = forward(model, mb, {logprobs = true, entropy = want_entropy,
                 temperature = cfg.rollout.temperature})
             local lp = gather(mb, out.logprobs)
             if mb.old_pending then                 -- the policy's first update: these are the old ones
@@ -272,14 +272,16 @@ local function mini_step(run, mini, advantages_of, acc)
             local value, grads, m = loss.policy(inputs, lcfg, norm)
             total = total + value
             add_metrics(metrics, m)
-            if dp then dp:before_backward(last) end
-            model:backward({dlogprobs = scatter(mb, grads.dlogprobs),
-                            dentropy = grads.dentropy and scatter(mb, grads.dentropy) or nil})
-            if dp then dp:after_backward(last) end
-        end) end)
-    end
+            return {saved = saved, grads = grads}
+        end,
+        backward = function(mb, st)
+            model:backward({dlogprobs = scatter(mb, st.grads.dlogprobs),
+                            dentropy = st.grads.dentropy and scatter(mb, st.grads.dentropy) or nil}, st.saved)
+        end,
+        cleanup = function(mb) mb.batch.block_mask = nil end,
+    })
     -- the ranks' shares of the global loss, and the metrics over every rank's micro-batches
-    if dp then total = dp:sum(total) end
+    total = dp:sum(total)
     local values = metric_values(metrics, dp)
     local info = run.opt:step{loss = total, micro_batches = 1}
     run.opt:zero_grad()

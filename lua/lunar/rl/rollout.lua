@@ -48,7 +48,7 @@ local function round_of(run, problems, at, step, round)
     local t0 = lunar.clock()
     -- (a rank with no prompt of the round generates nothing, except under expert parallel, where
     -- it takes part in the others' forwards)
-    local results = (#prompts > 0 or (run.dp and run.dp.ep)) and lunar.generate(run.model, prompts, {tokenizer = run.tok,
+    local results = (#prompts > 0 or run.dp.ep) and lunar.generate(run.model, prompts, {tokenizer = run.tok,
         n = rl.n, max_new_tokens = ro.max_new_tokens, temperature = ro.temperature, top_k = ro.top_k, top_p = ro.top_p,
         min_p = ro.min_p, seed = ro.seed, stop_token_ids = run.stop_ids, routing = run.moe or nil,
         max_batch = ro.max_batch}) or {}

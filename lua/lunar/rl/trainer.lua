@@ -9,7 +9,8 @@
 -- (lunar.rl.batch: packed micro-batches, the routes generation chose), reference and old
 -- logprobs once, then rl.epochs passes over rl.mini_batches mini-batches, one optimizer step each
 -- (lunar.rl.policy, lunar.rl.loss). Then metrics, a greedy evaluation of data.valid every
--- train.eval_every steps (and before the first and after the last), and checkpoints.
+-- train.eval_every steps (and before the first and after the last), and checkpoints (the setup
+-- and the tail of the step are lunar.train.runner's, shared with the training recipes).
 --
 -- A checkpoint holds the whole RL state: the policy (or its adapters), the optimizer and its
 -- schedule, the prompt order's position and the step. Generation draws from streams keyed by
@@ -23,10 +24,7 @@
 -- and trains its share; lunar.generate runs on the split model); rank 0 prints and writes.
 local lunar = require 'lunar'
 local core = require 'lunar.core'
-local checkpoint = require 'lunar.train.checkpoint'
-local metrics_mod = require 'lunar.train.metrics'
-local recipe_diff = require 'lunar.train.recipe_diff'
-local base = require('lunar.train.trainer').setup_parts
+local runner = require 'lunar.train.runner'
 local rewards = require 'lunar.rl.rewards'
 local prompts = require 'lunar.rl.prompts'
 local rollout = require 'lunar.rl.rollout'
@@ -34,12 +32,10 @@ local advantages = require 'lunar.rl.advantages'
 local rlbatch = require 'lunar.rl.batch'
 local policy = require 'lunar.rl.policy'
 local rlpar = require 'lunar.rl.parallel'
-local data_parallel = require 'lunar.train.data_parallel'
 
-local fs = core.fs
 local user_error = core.user_error
-local setting_error, strip_where = lunar.config.setting_error, lunar.config.strip_where
-local log = base.log
+local strip_where = lunar.config.strip_where
+local log = runner.log
 
 local M = {}
 
@@ -58,22 +54,16 @@ local function stop_ids(model, tok)
 end
 
 local function setup(cfg)
-    if cfg.threads then lunar.threads(cfg.threads) end
     -- several ranks: the step's prompts split over dp, the model over tp / ep / etp
     -- (lunar.rl.parallel); rank 0 prints and writes the run's files
-    local dp = data_parallel.setup(cfg)
-    if dp and not dp:is_main() then cfg.quiet, cfg.silent = true, true end
-    local model_setting = cfg.model.path and ('model.path=' .. cfg.model.path) or 'model.config'
-    local mcfg = setting_error(model_setting, base.model_config, cfg)
-    if dp and dp.ep then base.check_expert_parallel(cfg, mcfg, dp) end
-    local need = cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens
-    if mcfg.max_position_embeddings and need > mcfg.max_position_embeddings then
-        user_error(('rollout.max_prompt_len + rollout.max_new_tokens = %d is longer than the model\'s '
-            .. 'max_position_embeddings=%d'):format(need, mcfg.max_position_embeddings))
-    end
-    if not dp or dp:is_main() then base.check_writable(cfg) end
-    local run = {cfg = cfg, mcfg = mcfg, dp = dp}
-    run.tok = setting_error('tokenizer=' .. cfg.tokenizer, lunar.tokenizer.load, cfg.tokenizer)
+    local run = runner.begin(cfg, function(_, mcfg)
+        local need = cfg.rollout.max_prompt_len + cfg.rollout.max_new_tokens
+        if mcfg.max_position_embeddings and need > mcfg.max_position_embeddings then
+            user_error(('rollout.max_prompt_len + rollout.max_new_tokens = %d is longer than the model\'s '
+                .. 'max_position_embeddings=%d'):format(need, mcfg.max_position_embeddings))
+        end
+    end)
+    local dp = run.dp
     run.reward = rewards.get(cfg.rl.reward, {on_error = cfg.rl.on_reward_error})
     local d = cfg.data
     local popts = {tokenizer = run.tok, reward = cfg.rl.reward, template = d.template,
@@ -88,46 +78,33 @@ local function setup(cfg)
     end
     run.sampler = prompts.sampler(run.problems, {seed = d.seed, shuffle = d.shuffle ~= false})
 
-    local st, reshard
-    run.cm, st, reshard = base.open_checkpoints(cfg, dp)
-    run.st = st
-    run.model = setting_error(st and not cfg.peft and ('the checkpoint ' .. st.model_dir) or model_setting,
-        base.build_model, cfg, st and st.model_dir, dp)
-    local params = run.model.params
-    if cfg.peft then
-        run.adapters = base.adapters_of(cfg, run.model, st, dp)
-        params = run.adapters.params
-    end
-    -- the reference policy of the KL term: the base under the adapters, or the starting weights
-    -- (split as the policy is)
-    if (cfg.rl.kl_coef or 0) > 0 then
-        if not cfg.peft then run.ref_model = base.build_model(cfg, nil, dp) end
-        run.ref_policy = policy.reference(run)
-    end
-    run.stop_ids = stop_ids(run.model, run.tok)
-    run.moe_layers = {}
-    for i, L in ipairs(run.model.layers) do
-        if L.mlp_type == 'sparse' then run.moe_layers[#run.moe_layers + 1] = i - 1 end
-    end
-    run.moe = #run.moe_layers > 0
-    -- (a split model: the whole model's numbers, not this rank's blocks)
-    log(cfg, 'model: %s, %.2fM parameters (%.2fM trainable)%s', run.model.cfg.architecture,
-        data_parallel.count(dp, run.model.params, run.model) / 1e6, data_parallel.count(dp, params, run.model) / 1e6,
-        run.moe and (cfg.rl.routing_replay and ', routing replay on' or ', routing replay off') or '')
-
     local o, rl = cfg.optim, cfg.rl
     local per_step = rl.epochs * rl.mini_batches
-    local adamw_opts = {
+    runner.build(run, {
         lr = o.lr, betas = o.betas, eps = o.eps, weight_decay = o.weight_decay, no_decay = o.no_decay,
         clip = o.clip_grad, accum = 1,
         schedule = {warmup = (o.warmup or 0) * per_step, total = cfg.train.steps * per_step, decay = o.schedule,
-                    min_lr = o.min_lr}}
-    run.opt = base.optimizer_of(cfg, run.model, params, dp, adamw_opts, st, reshard)
-    if dp then
+                    min_lr = o.min_lr}},
+        {after_model = function()
+            -- the reference policy of the KL term: the base under the adapters, or the starting
+            -- weights (split as the policy is)
+            if (cfg.rl.kl_coef or 0) > 0 then
+                if not cfg.peft then run.ref_model = runner.build_model(cfg, nil, dp) end
+                run.ref_policy = policy.reference(run)
+            end
+            run.stop_ids = stop_ids(run.model, run.tok)
+            run.moe_layers = {}
+            for i, L in ipairs(run.model.layers) do
+                if L.mlp_type == 'sparse' then run.moe_layers[#run.moe_layers + 1] = i - 1 end
+            end
+            run.moe = #run.moe_layers > 0
+            return run.moe and (cfg.rl.routing_replay and ', routing replay on' or ', routing replay off') or ''
+        end})
+    if not dp.single then
         log(cfg, '  rl: each step\'s %d prompts split over the %d dp ranks (%s a rank)', rl.prompts, dp.size,
             rl.prompts % dp.size == 0 and tostring(rl.prompts / dp.size) or 'about ' .. math.floor(rl.prompts / dp.size))
     end
-    run.start = 0
+    local st = run.st
     if st then
         local ok, err = pcall(run.sampler.set_state, run.sampler, st.data)
         if not ok then
@@ -150,10 +127,10 @@ local function evaluate(run)
     local dp = run.dp
     local list, problems = {}, {}
     for i, p in ipairs(run.valid) do
-        if not dp or (i - 1) % dp.size == dp.rank then list[#list + 1] = p.ids; problems[#problems + 1] = p end
+        if (i - 1) % dp.size == dp.rank then list[#list + 1] = p.ids; problems[#problems + 1] = p end
     end
     -- (expert parallel: a rank with no problem still takes part in the others' forwards)
-    local res = (#list > 0 or (dp and dp.ep)) and lunar.scope(function()
+    local res = (#list > 0 or dp.ep) and lunar.scope(function()
         return lunar.generate(run.model, list, {tokenizer = run.tok, max_new_tokens = run.cfg.rollout.max_new_tokens,
             temperature = 0, stop_token_ids = run.stop_ids, max_batch = run.cfg.rollout.max_batch})
     end) or {}
@@ -171,15 +148,7 @@ end
 
 -- every rank calls it (data parallel: the model's pieces or the gathered adapters are collective)
 local function save_checkpoint(run, step, m)
-    local cfg, t0 = run.cfg, lunar.clock()
-    local cp = base.checkpoint_model(run)
-    local dir, info = run.cm:save(step, {
-        save_model = cp.save_model,
-        optimizer = run.opt:state_dict(), data = run.sampler:state(), metrics = m:counts(),
-        extra = {lora_rng = run.adapters and run.adapters:rng_state() or nil, recipe = recipe_diff.snapshot(cfg),
-                 parallel = cp.parallel}},
-        cp.shard, cp.pieces)
-    m:note(('checkpoint step %d: %s (%s, %.1f s)'):format(step, dir, base.mib(info.bytes), lunar.clock() - t0))
+    runner.save_checkpoint(run, step, m, run.sampler:state(), m:counts())
 end
 
 -- ---- one step -----------------------------------------------------------------------------------
@@ -233,7 +202,7 @@ local function run_step(run, step)
     local groups, gen = rollout.collect(run, step)                        -- generate, score, filter
     local t_gen = lunar.clock()
     local bopts = {mini_batches = math.min(rl.mini_batches, math.max(gen.kept, 1)), total = gen.kept,
-        keep_empty = run.dp ~= nil, micro_batch = rl.micro_batch, routing = run.moe, replay = rl.routing_replay,
+        keep_empty = not run.dp.single, micro_batch = rl.micro_batch, routing = run.moe, replay = rl.routing_replay,
         share_prompts = rl.share_prompts, experts_per_token = run.mcfg.num_experts_per_tok, moe_layers = run.moe_layers}
     local minis = gen.kept > 0 and rlbatch.build(groups, bopts) or {}
     rlpar.pad(run.dp, minis, function() return rlbatch.dummy(bopts) end) -- every rank as many micro-batches
@@ -264,7 +233,7 @@ local function run_step(run, step)
     end
     return {loss = upd.loss, grad_norm = upd.grad_norm, lr = upd.lr, tokens = gen.gen_tokens,
             skipped = (upd.skipped_steps or 0) > 0, time = t_end - t0, extra = extra,
-            peak_mem_bytes = run.dp and run.dp:peak_memory(run.model:device()) or nil,   -- the largest of any rank
+            peak_mem_bytes = run.dp:peak_memory(run.model:device()),   -- the largest of any rank
             show = {{'reward', rs.reward_mean}, {'acc', rs.accuracy}, {'len', rs.response_len_mean}}}
 end
 
@@ -280,16 +249,8 @@ function M.run(cfg)
         result.finished = true
         return result
     end
-    local dp = run.dp
-    local main = not dp or dp:is_main()
-    local memory = run.model:device() ~= 'cpu' and run.model:device() or nil
-    local m = main and metrics_mod.new{dir = cfg.metrics.dir, total_steps = cfg.train.steps, start_step = run.start,
-        warmup_steps = cfg.metrics.warmup_steps, progress = (not cfg.quiet) and cfg.metrics.progress,
-        log_every = cfg.train.log_every, counts = run.st and run.st.metrics or nil, summary = true,
-        memory = memory, tensorboard = cfg.metrics.tensorboard == false and false or nil}
-        -- the other ranks of a data-parallel run keep the counts only (rank 0 logs the global numbers)
-        or metrics_mod.new{total_steps = cfg.train.steps, start_step = run.start, progress = false, summary = false,
-            counts = run.st and run.st.metrics or nil, memory = memory}
+    local main = run.dp:is_main()
+    local m = runner.metrics(run)
     local function eval_now(step)
         if not run.valid then return end
         local acc, len = evaluate(run)
@@ -299,42 +260,28 @@ function M.run(cfg)
         result.evals[#result.evals + 1] = {step = step, accuracy = acc}
     end
     if run.start == 0 then eval_now(0) end
-    local stop
-    core.signal.catch_stop()
-    local ok, err = pcall(function()
-        for step = run.start + 1, cfg.train.steps do
-            local rec = lunar.scope(run_step, run, step)
-            m:log(step, rec)
+    local every = cfg.train.eval_every
+    local stop, early = runner.loop(run, m, {
+        step = function(step) return lunar.scope(run_step, run, step) end,
+        after_step = function()
             -- every step has other lengths, so the pool keeps buffers of ever more sizes: when
             -- its cache holds more than twice the most the run has used at once, it is given back
             local dev = run.model:device()
             local ps = lunar.memory_stats(dev)
             if ps and ps.cached > 2 * ps.peak_in_use then core.pool_trim(dev) end
-            local every = cfg.train.eval_every
-            if every > 0 and step % every == 0 and step < cfg.train.steps then eval_now(step) end
-            local signal = core.signal.stop_requested()
-            -- data parallel: a signal stops every rank at the same step
-            if dp and dp:any(signal) then signal = signal or 'a signal to another rank' end
-            if run.cm:due(step, step == cfg.train.steps) or signal then save_checkpoint(run, step, m) end
-            if signal then stop = {step = step, why = 'stopped by ' .. signal} break end
-            if cfg.stop_after and step >= cfg.stop_after then result.stopped_early = step < cfg.train.steps break end
-        end
-    end)
-    core.signal.release()
-    if not ok then
-        m:close()
-        error(err, 0)
-    end
-    if not stop and not result.stopped_early then eval_now(cfg.train.steps) end
+        end,
+        eval_due = function(step) return every > 0 and step % every == 0 end,
+        eval = eval_now,
+        save = function(step) save_checkpoint(run, step, m) end,
+    })
+    result.stopped_early = early
+    if not stop and not early then eval_now(cfg.train.steps) end
     result.summary = m:close()
-    if stop then
-        user_error(('%s at step %d of %d; the checkpoint %s/%s holds it: run the same command again to resume')
-            :format(stop.why, stop.step, cfg.train.steps, cfg.checkpoint.dir, checkpoint.step_name(stop.step)))
-    end
-    if not result.stopped_early then
+    runner.raise_stop(run, stop)
+    if not early then
         -- a split model is gathered as it is written, by every rank (lunar.train.export)
-        local out_model, written = base.write_final(run)
-        if main then base.save_output(cfg, out_model, run.adapters, written) end
+        local out_model, written = runner.write_final(run)
+        if main then runner.save_output(cfg, out_model, run.adapters, written) end
     end
     if #result.evals >= 2 then
         local first, last = result.evals[1], result.evals[#result.evals]
@@ -347,7 +294,7 @@ end
 
 -- what run(cfg) would do, without generating or training
 function M.plan(cfg)
-    local mcfg = base.model_config(cfg)
+    local mcfg = runner.model_config(cfg)
     local tok = lunar.tokenizer.load(cfg.tokenizer)
     local set = prompts.load(cfg.data.train, {tokenizer = tok, reward = cfg.rl.reward, template = cfg.data.template,
         enable_thinking = cfg.rollout.enable_thinking,

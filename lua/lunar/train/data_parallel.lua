@@ -3,7 +3,7 @@
 -- over parallel.tp, the routed experts spread over parallel.ep and their matrices over
 -- parallel.etp; pp = cp = 1; docs/parallel.md).
 --
---   local dp = data_parallel.setup(cfg)      -- nil on one rank
+--   local dp = data_parallel.setup(cfg)      -- one process: data_parallel.single()
 --   local opt = dp:optimizer(store, model, adamw_opts)
 --   targets, tokens = dp:sum_counts(targets, tokens)
 --   dp:before_backward(is_last); model:backward(); dp:after_backward(is_last)
@@ -30,33 +30,47 @@ local AdamW = require 'lunar.optim.adamw'
 local grad_buffer = require 'lunar.optim.grad_buffer'
 local distributed = require 'lunar.optim.distributed'
 local partitioned = require 'lunar.optim.partitioned'
+local state = require 'lunar.parallel.state'
 
 local M = {}
 
 local DP = {}
 DP.__index = DP
 
--- setup(cfg) -> the data-parallel state, or nil when the run has one rank (or cfg.single_rank:
--- this process trains alone even under a launcher, as the tests' one-rank reference does)
+-- setup(cfg) -> the data-parallel state of the run: its layout (lunar.parallel.state) and what the
+-- trainer does with it. On one rank (or with cfg.single_rank: this process trains alone even
+-- under a launcher, as the tests' one-rank reference does) a state of one process, which does
+-- what one rank does and never communicates (M.single).
 function M.setup(cfg)
     local env = dist.env()
-    if env.size <= 1 or cfg.single_rank then return nil end
+    if env.size <= 1 or cfg.single_rank then return M.single() end
     local p = cfg.parallel or {}
-    local lay = dist.layout{tp = p.tp or 1, pp = p.pp or 1, cp = p.cp or 1, ep = p.ep or 1, etp = p.etp or 1}
-    local g = lay:group('dp')
+    local ps = state.new(p)
     local bucket_mb = p.bucket_mb or 16
-    local self = setmetatable({layout = lay, group = g, rank = g:rank(), size = g:size(),
+    local self = setmetatable({layout = ps.layout, state = ps, group = ps.dp, rank = ps.dp:rank(), size = ps.dp:size(),
         world_rank = dist.rank(), distributed = p.distributed_optimizer ~= false,
-        bucket_elems = math.max(1, math.floor(bucket_mb * 2 ^ 20 / 4))}, DP)
-    -- expert parallel: the experts spread over ep and/or each expert's matrices over etp (the ep
-    -- group, of one rank when ep = 1, dispatches the tokens)
-    if (p.ep or 1) > 1 or (p.etp or 1) > 1 then self.ep, self.edp = lay:group('ep'), lay:group('edp') end
-    if (p.etp or 1) > 1 then self.etp = lay:group('etp') end
-    if (p.tp or 1) > 1 then self.tp = lay:group('tp') end
-    self.sequence_parallel = (p.tp or 1) > 1 and p.sequence_parallel == true or nil
-    self.split_indexer = (p.tp or 1) > 1 and p.split_indexer == true or nil
+        bucket_elems = math.max(1, math.floor(bucket_mb * 2 ^ 20 / 4)),
+        ep = ps.ep, edp = ps.edp, etp = ps.etp, tp = ps.tp,
+        sequence_parallel = ps.sequence_parallel, split_indexer = ps.split_indexer}, DP)
     return self
 end
+
+-- the options lunar.model.new / load take of the layout (tp, ep, etp groups; sequence parallel,
+-- the split indexer)
+function DP:model_opts() return self.state:model_opts() end
+
+-- the layout a checkpoint records (and a resumed run compares; lunar.optim.reshard)
+function DP:layout_record()
+    return {dp = self.size, distributed_optimizer = self.distributed, ep = self.ep and self.ep:size() or nil,
+            tp = self.tp and self.tp:size() or nil, etp = self.etp and self.etp:size() or nil,
+            split_indexer = self.split_indexer or nil}
+end
+
+-- the checkpoint manager's group (every rank writes into one directory)
+function DP:checkpoint_group() return dist.world() end
+
+-- the devices the run's FLOP/s are counted over (metrics' flops_devices)
+function DP:devices() return dist.world_size() end
 
 -- expert parallel: the routed experts' parameters (and their adapters), reduced over edp
 local function is_expert(name) return name:find('.mlp.experts.', 1, true) ~= nil end
@@ -178,8 +192,8 @@ function DP:whole_count(store, model)
     return dense + experts
 end
 
--- the elements of store as the whole model has them: dp:whole_count under data parallel (a
--- split model's blocks stand for the whole), else store:count()
+-- the elements of store as the whole model has them: dp:whole_count (a split model's blocks
+-- stand for the whole; store:count() on one process)
 function M.count(dp, store, model) return dp and dp:whole_count(store, model) or store:count() end
 
 -- the largest peak memory of any rank (collective over the world): the process's peak resident
@@ -193,6 +207,13 @@ function DP:peak_memory(device)
         v = require('lunar.train.metrics').process_peak_bytes()
     end
     return dist.all_reduce(core.from_flat({v or 0}, {1}, 'f64', 'cpu'), {group = dist.world(), op = 'max'}):item()
+end
+
+-- numbers over the ranks (f64): their largest
+function DP:max(...)
+    local v = {...}
+    local t = dist.all_reduce(core.from_flat(v, {#v}, 'f64', 'cpu'), {group = self.group, op = 'max'})
+    return unpack(t:tolist_flat())
 end
 
 -- numbers summed over the ranks (f64)
@@ -316,8 +337,9 @@ end
 -- expert parallel with LoRA: every member of an ep group must adapt the same projections of its
 -- experts (El per member; the adapters are gathered by local index); a target naming single
 -- experts would not
-function DP:check_adapters(set, El)
+function DP:check_adapters(set, model)
     if not self.ep then return end
+    local El = model.cfg.n_routed_experts / self.ep:size()
     local h, n = 0, 0
     for _, name in ipairs(set.order) do
         local layer, e, rest = name:match('^model%.layers%.(%d+)%.mlp%.experts%.(%d+)%.(.*)$')
@@ -447,5 +469,33 @@ function DP:report(cfg, params_store, opt, log, model)
             mib(all[r * 3 + 2]), mib(all[r * 3 + 3]), self.distributed and ' (when every parameter has state)' or '')
     end
 end
+
+-- ---- one process ----------------------------------------------------------------------------------
+
+-- the state of a run on one process: the numbers one rank has, no collective, the plain AdamW
+local Single = {single = true, size = 1, rank = 0, world_rank = 0, distributed = false}
+Single.__index = Single
+
+function M.single() return setmetatable({}, Single) end
+
+function Single:is_main() return true end
+function Single:model_opts() return {} end
+function Single:sum(...) return ... end
+function Single:max(...) return ... end
+function Single:sum_counts(targets, tokens) return targets, tokens end
+function Single:any(flag) return flag and true or false end
+function Single:peak_memory() return nil end
+function Single:before_backward() end
+function Single:after_backward() end
+function Single:optimizer(store, _, adamw_opts) return AdamW.new(store, adamw_opts) end
+function Single:report() end
+function Single:check_same_checkpoint() end
+function Single:check_adapters() end
+function Single:gathered_model(model) return model end
+function Single:adapters_view(model) return model end
+function Single:whole_count(store) return store:count() end
+function Single:layout_record() return nil end
+function Single:checkpoint_group() return nil end
+function Single:devices() return nil end
 
 return M

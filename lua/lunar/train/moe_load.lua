@@ -17,7 +17,7 @@ function M.step_metrics(model, dp)
     if not load then return nil end
     local flat = {}
     for _, l in ipairs(load) do for _, c in ipairs(l.counts) do flat[#flat + 1] = c end end
-    if dp then
+    if dp and dp.group then   -- (one process: nothing to add)
         local t = core.from_flat(flat, {#flat}, 'f64', 'cpu')
         dist.all_reduce(t, {group = dp.group})
         if dp.tp and model:moe_load_over_tp() then dist.all_reduce(t, {group = dp.tp}) end
