@@ -15,5 +15,7 @@ void lunar_lua_open_ops(lua_State *L) {
     lunar_lua_ops_adamw(L);
     lunar_lua_ops_fp8(L);
     lunar_lua_ops_attention(L);
+    lunar_lua_ops_kda(L);
+    lunar_lua_ops_hyper(L);
     lua_setfield(L, -2, "ops");
 }

@@ -19,5 +19,7 @@ void lunar_lua_ops_mask(lua_State *L);
 void lunar_lua_ops_adamw(lua_State *L);
 void lunar_lua_ops_fp8(lua_State *L);
 void lunar_lua_ops_attention(lua_State *L);
+void lunar_lua_ops_kda(lua_State *L);
+void lunar_lua_ops_hyper(lua_State *L);
 
 #endif

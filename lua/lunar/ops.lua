@@ -3,7 +3,7 @@
 -- returns a table of functions that is merged here.
 local M = {}
 
-local families = {'gemm', 'elementwise', 'reduce', 'softmax', 'norm', 'rope', 'index', 'sort', 'mask', 'adamw', 'fp8', 'attention'}
+local families = {'gemm', 'elementwise', 'reduce', 'softmax', 'norm', 'rope', 'index', 'sort', 'mask', 'adamw', 'fp8', 'attention', 'kda', 'hyper'}
 
 for _, fam in ipairs(families) do
     local mod = require('lunar.ops.' .. fam)

@@ -344,6 +344,68 @@ lunar_status lunar_attention_paged(lunar_ctx *ctx, lunar_tensor *o, const lunar_
 lunar_status lunar_index_scores(lunar_ctx *ctx, lunar_tensor *scores, lunar_tensor *topk, const lunar_tensor *qi,
                                 const lunar_tensor *ki, const lunar_tensor *w, const lunar_tensor *mask, float scale);
 
+/* ---- KDA: GLM-5.3-Flash's linear attention --------------------------------------------------- */
+
+/* The gated delta rule of KDA, per segment s (rows seg[s] .. seg[s+1]-1 of the N token rows: a
+ * document or a batch row) and head h, the state S (Dk, Dv) starting at state0[s, h] (zeros when
+ * state0 is NULL):
+ *   S <- diag(exp(g_t)) S;  S <- S + k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T q_t
+ *   q, k, g (N, H, Dk); v, o (N, H, Dv); beta (N, H); seg (nseg + 1) index offsets rising from 0
+ *   to N; state0, state (nseg, H, Dk, Dv) or NULL: each segment's state before and after.
+ * g is a log decay (g <= 0: exp(g) <= 1). f32 math, f32 outputs (other float inputs are
+ * converted). Computed chunk-wise in the WY form (kernels/cpu/kda.c), one (segment, head) at a
+ * time, so its bits do not depend on the other segments. */
+lunar_status lunar_kda_forward(lunar_ctx *ctx, lunar_tensor *o, lunar_tensor *state, const lunar_tensor *q,
+                               const lunar_tensor *k, const lunar_tensor *v, const lunar_tensor *g,
+                               const lunar_tensor *beta, const lunar_tensor *seg, const lunar_tensor *state0);
+/* The gradients of sum(dout . o) + sum(dstate . state) (dstate NULL: 0): dq, dk, dg (N, H, Dk),
+ * dv (N, H, Dv), dbeta (N, H) and dstate0 (nseg, H, Dk, Dv; NULL: not wanted) written (not
+ * accumulated). */
+lunar_status lunar_kda_backward(lunar_ctx *ctx, lunar_tensor *dq, lunar_tensor *dk, lunar_tensor *dv, lunar_tensor *dg,
+                                lunar_tensor *dbeta, lunar_tensor *dstate0, const lunar_tensor *dout,
+                                const lunar_tensor *dstate, const lunar_tensor *q, const lunar_tensor *k,
+                                const lunar_tensor *v, const lunar_tensor *g, const lunar_tensor *beta,
+                                const lunar_tensor *seg, const lunar_tensor *state0);
+/* Depthwise causal convolution over the rows of each segment (KDA's short conv, no bias):
+ *   y[t, c] = sum_{j < K} w[c, j] x[t - K + 1 + j, c]
+ * where a row before its segment's first is the segment's history hist[s, K - 1 - (first - row),
+ * c] (the last K - 1 inputs before it: a cache's conv state), or 0 when hist is NULL.
+ *   x, y (N, C); w (C, K); seg (nseg + 1) as for KDA; hist (nseg, K - 1, C) or NULL. f32. */
+lunar_status lunar_conv1d_causal_forward(lunar_ctx *ctx, lunar_tensor *y, const lunar_tensor *x, const lunar_tensor *w,
+                                         const lunar_tensor *seg, const lunar_tensor *hist);
+/* dx (N, C) written; dw (C, K) accumulated (+=), NULL: not wanted. No gradient of hist. */
+lunar_status lunar_conv1d_causal_backward(lunar_ctx *ctx, lunar_tensor *dx, lunar_tensor *dw, const lunar_tensor *dy,
+                                          const lunar_tensor *x, const lunar_tensor *w, const lunar_tensor *seg,
+                                          const lunar_tensor *hist);
+
+/* ---- mHC: hyper-connection residual streams (GLM-5.3-Flash) ------------------------------- */
+
+/* The weights of one hyper-connection site per row, from its pre-activations
+ * z (N, (2 + n) n) = [pre n | post n | comb n x n]:
+ *   pre = sigmoid(z_pre) + eps;  post = 2 sigmoid(z_post);
+ *   comb = softmax over the last dim of z_comb (n, n), + eps, then Sinkhorn: a column division
+ *   (x / (sum over the row index + eps)), then iters - 1 times a row division and a column one.
+ * pre, post (N, n); comb (N, n, n); 1 <= n <= 64, iters >= 1. f32. */
+lunar_status lunar_hc_weights(lunar_ctx *ctx, lunar_tensor *pre, lunar_tensor *post, lunar_tensor *comb,
+                              const lunar_tensor *z, int64_t n, int iters, float eps);
+/* dz (N, (2 + n) n) written: the gradient through every division and the softmax. */
+lunar_status lunar_hc_weights_backward(lunar_ctx *ctx, lunar_tensor *dz, const lunar_tensor *dpre,
+                                       const lunar_tensor *dpost, const lunar_tensor *dcomb, const lunar_tensor *z,
+                                       int64_t n, int iters, float eps);
+/* A site's write: y[r, i] = post[r, i] a[r] + sum_j comb[r, j, i] x[r, j].
+ *   x, y (N, n, H) streams; a (N, H) the block's output; post (N, n); comb (N, n, n). f32. */
+lunar_status lunar_hc_mix(lunar_ctx *ctx, lunar_tensor *y, const lunar_tensor *x, const lunar_tensor *a,
+                          const lunar_tensor *post, const lunar_tensor *comb);
+/* dx, da, dpost, dcomb written. */
+lunar_status lunar_hc_mix_backward(lunar_ctx *ctx, lunar_tensor *dx, lunar_tensor *da, lunar_tensor *dpost,
+                                   lunar_tensor *dcomb, const lunar_tensor *dy, const lunar_tensor *x,
+                                   const lunar_tensor *a, const lunar_tensor *post, const lunar_tensor *comb);
+/* A site's read: u[r] = sum_j pre[r, j] x[r, j]; x (N, n, H), pre (N, n), u (N, H). f32. */
+lunar_status lunar_hc_collapse(lunar_ctx *ctx, lunar_tensor *u, const lunar_tensor *x, const lunar_tensor *pre);
+/* dx (N, n, H) accumulated (+=: the streams also feed the site's norm and mix); dpre written. */
+lunar_status lunar_hc_collapse_backward(lunar_ctx *ctx, lunar_tensor *dx, lunar_tensor *dpre, const lunar_tensor *du,
+                                        const lunar_tensor *x, const lunar_tensor *pre);
+
 /* ---- optimizer ---------------------------------------------------------------------------- */
 
 typedef struct lunar_adamw_hparams {

@@ -24,5 +24,7 @@ M.MLA = require 'lunar.nn.mla'
 M.DSA = require 'lunar.nn.dsa'
 M.GQA = require 'lunar.nn.gqa'
 M.MoE = require 'lunar.nn.moe'
+M.KDA = require 'lunar.nn.kda'
+M.HyperConnection = require 'lunar.nn.hyper'
 
 return M

@@ -1,0 +1,214 @@
+-- lunar.nn.KDA: GLM-5.3-Flash's linear attention layer (Kimi Delta Attention; HF's
+-- Glm5NextTextLinearAttention), forward and backward. x (N, H) -> y (N, H), rows in segments
+-- (documents or batch rows) that each start from their own state.
+--
+--   xm = x * valid                                   (pad rows zeroed: their q, k, v are 0)
+--   q, k, v = silu(conv(q_proj xm)), silu(conv(k_proj xm)), silu(conv(v_proj xm))   (N, Hk, Dk)
+--   q = l2norm(q) / sqrt(Dk), k = l2norm(k)          (x / sqrt(sum x^2 + 1e-6), FLA's form)
+--   g = lb sigmoid(e^A_log (f_b f_a xm + dt_bias))   (or -e^A_log softplus(...) when lb is nil)
+--   beta = sigmoid(b_proj xm)
+--   o = KDA(q, k, v, g, beta) per segment (lunar.ops.kda: chunked WY form)
+--   y = o_proj(o_norm(o) * sigmoid(g_b g_a xm))      (the gated RMSNorm per head, f32)
+--
+-- Parameters (checkpoint names, under prefix): q_proj, k_proj, v_proj (Q, H); q_conv1d,
+-- k_conv1d, v_conv1d (Q, 1, Kc) f32; f_a_proj (Dk, H), f_b_proj (Q, Dk), dt_bias (Q) f32,
+-- A_log (Hk) f32; b_proj (Hk, H); g_a_proj (Dk, H), g_b_proj (Q, Dk); o_norm (Dk); o_proj (H, Q).
+--
+-- forward(x, ctx): ctx.seg the (nseg + 1) i64 segment offsets of the rows, ctx.valid (N, 1) 1/0
+-- in x's dtype or nil, ctx.state0 (nseg, Hk, Dk, Dk) and ctx.hist = {q =, k =, v = (nseg, Kc - 1, Q)} a cache's
+-- recurrent and conv states or nil, ctx.want_state: also return the states after each segment
+-- (saved.state, saved.hist_out) for the cache. The KDA math is f32 whatever x's dtype.
+local core = require 'lunar.core'
+local ops = require 'lunar.ops'
+local Linear = require 'lunar.nn.linear'
+
+local KDA = {}
+KDA.__index = KDA
+
+function KDA.new(store, prefix, cfg)
+    local self = setmetatable({store = store, name = prefix}, KDA)
+    self.Hk, self.Dk = cfg.linear_num_heads, cfg.linear_head_dim
+    self.Q = self.Hk * self.Dk
+    self.Kc = cfg.linear_conv_kernel_dim
+    self.lb = cfg.linear_lower_bound   -- nil: the softplus gate
+    self.eps = cfg.rms_norm_eps
+    if cfg.hidden_act ~= 'silu' then
+        error(('%s: hidden_act %q: the KDA short conv supports silu only'):format(prefix, tostring(cfg.hidden_act)), 0)
+    end
+    for _, n in ipairs({'q_proj', 'k_proj', 'v_proj', 'f_a_proj', 'f_b_proj', 'b_proj', 'g_a_proj', 'g_b_proj', 'o_proj'}) do
+        self[n] = Linear.new(store, prefix .. '.' .. n)
+    end
+    self.conv_names = {q = prefix .. '.q_conv1d.weight', k = prefix .. '.k_conv1d.weight', v = prefix .. '.v_conv1d.weight'}
+    self.dt_bias, self.A_log = prefix .. '.dt_bias', prefix .. '.A_log'
+    self.o_norm = prefix .. '.o_norm.weight'
+    return self
+end
+
+local function conv_weight(self, which)
+    return self.store:get(self.conv_names[which]):view(self.Q, self.Kc)
+end
+
+-- l2norm over the last dim of x (M, D) times s: rmsnorm with eps / D, then s / sqrt(D)
+local function l2norm(x, D, s)
+    local y, rstd = ops.rmsnorm(x, nil, 1e-6 / D)
+    return ops.mul(y, s / math.sqrt(D)), rstd
+end
+
+local function l2norm_backward(dy, x, rstd, D, s)
+    return ops.rmsnorm_backward(ops.mul(dy, s / math.sqrt(D)), x, nil, rstd)
+end
+
+function KDA:forward(x, ctx)
+    local N, Hk, Dk, Q = x:size(1), self.Hk, self.Dk, self.Q
+    local sv = {ctx = ctx, N = N}
+    local xm = ctx.valid and ops.mul(x, ctx.valid) or x
+    sv.xm = xm
+    -- projections and the short conv, each of q, k, v on its own (the conv is depthwise)
+    local act = {}
+    for _, w in ipairs({'q', 'k', 'v'}) do
+        local p, sp = self[w .. '_proj']:forward(xm)
+        local c = ops.conv1d_causal(p, conv_weight(self, w), ctx.seg, {hist = ctx.hist and ctx.hist[w]})
+        sv[w] = {sp = sp, p = p, c = c}
+        act[w] = ops.silu(c)
+    end
+    local qn, q_rstd = l2norm(act.q:view(N * Hk, Dk), Dk, 1 / math.sqrt(Dk))
+    local kn, k_rstd = l2norm(act.k:view(N * Hk, Dk), Dk, 1)
+    sv.q.act, sv.q.rstd, sv.k.act, sv.k.rstd = act.q, q_rstd, act.k, k_rstd
+    local q, k, v = qn:view(N, Hk, Dk), kn:view(N, Hk, Dk), act.v:view(N, Hk, Dk)
+    -- the forget gate (a log decay per channel)
+    local fa, s_fa = self.f_a_proj:forward(xm)
+    local f, s_fb = self.f_b_proj:forward(fa)
+    f = ops.add(f:float(), self.store:get(self.dt_bias))
+    local A = ops.exp(self.store:get(self.A_log)):view(1, Hk, 1)
+    local z = ops.mul(f:view(N, Hk, Dk), A)
+    local g
+    if self.lb ~= nil then
+        g = ops.mul(ops.sigmoid(z), self.lb)
+    else
+        g = ops.neg(ops.mul(self:_softplus(f:view(N, Hk, Dk)), A))
+    end
+    sv.gate = {s_fa = s_fa, s_fb = s_fb, f = f, A = A, z = z}
+    local bl, s_b = self.b_proj:forward(xm)
+    local beta = ops.sigmoid(bl:float())
+    sv.beta = {s_b = s_b, logit = bl}
+    local o, state = ops.kda(q, k, v, g, beta, ctx.seg, {state0 = ctx.state0, state = ctx.want_state})
+    sv.kda = {q = q, k = k, v = v, g = g, beta = beta}
+    sv.state = state
+    if ctx.want_state then sv.hist_out = self:_conv_states(sv, ctx) end
+    -- the gated output norm (f32), then o_proj
+    local ga, s_ga = self.g_a_proj:forward(xm)
+    local gate, s_gb = self.g_b_proj:forward(ga)
+    local on, o_rstd = ops.rmsnorm(o:view(N * Hk, Dk), self.store:get(self.o_norm):float(), self.eps)
+    local sg = ops.sigmoid(gate:float():view(N * Hk, Dk))
+    local y_in = ops.mul(on, sg):view(N, Q):to(x:dtype())
+    local y, s_o = self.o_proj:forward(y_in)
+    sv.out = {s_ga = s_ga, s_gb = s_gb, o = o, o_rstd = o_rstd, on = on, gate = gate, sg = sg, s_o = s_o}
+    return y, sv
+end
+
+-- softplus(f) with torch's threshold: f above 20 stays f
+function KDA:_softplus(f)
+    local sp = ops.log(ops.add(ops.exp(ops.minimum(f, 20)), 1))
+    local big = ops.gt(f, 20)
+    return ops.add(ops.masked_fill(sp, big, 0), ops.masked_fill(f, ops.le(f, 20), 0))
+end
+
+-- the conv state after each segment: its last Kc - 1 inputs (with the history before it when
+-- the segment is shorter), (nseg, Kc - 1, Q) per q, k, v
+function KDA:_conv_states(sv, ctx)
+    local seg = ctx.seg:to('cpu'):tolist_flat()
+    local nseg, W = #seg - 1, self.Kc - 1
+    local out = {}
+    for _, w in ipairs({'q', 'k', 'v'}) do
+        local p = sv[w].p
+        local h = core.empty({nseg, W, self.Q}, 'f32', p:device()):fill_(0)
+        for s = 1, nseg do
+            local first, n = seg[s], seg[s + 1] - seg[s]
+            local row = h:select(1, s)
+            for i = 1, W do
+                local t = n - W + i - 1   -- offset from the segment's first row
+                if t >= 0 then
+                    row:narrow(1, i, 1):copy_(p:narrow(1, first + t + 1, 1))
+                elseif ctx.hist and ctx.hist[w] and t >= -W then
+                    row:narrow(1, i, 1):copy_(ctx.hist[w]:select(1, s):narrow(1, W + t + 1, 1))
+                end
+            end
+        end
+        out[w] = h
+    end
+    return out
+end
+
+function KDA:backward(dy, sv)
+    local N, Hk, Dk, Q = sv.N, self.Hk, self.Dk, self.Q
+    local ctx = sv.ctx
+    local so = sv.out
+    local dy_in = self.o_proj:backward(dy, so.s_o):float():view(N * Hk, Dk)
+    -- y_in = on * sg
+    local don = ops.mul(dy_in, so.sg)
+    local dgate = ops.sigmoid_backward(ops.mul(dy_in, so.on), so.gate:float():view(N * Hk, Dk))
+    local w = self.store:get(self.o_norm)
+    local gw = self.store:grad(self.o_norm)
+    local o2 = so.o:view(N * Hk, Dk)
+    if gw then ops.rmsnorm_backward_params(gw, don, o2, so.o_rstd) end
+    local do_ = ops.rmsnorm_backward(don, o2, w:float(), so.o_rstd):view(N, Hk, Dk)
+    local dga = self.g_b_proj:backward(dgate:view(N, Q):to(so.gate:dtype()), so.s_gb)
+    local dxm = self.g_a_proj:backward(dga, so.s_ga)
+    -- the delta rule
+    local kd = sv.kda
+    local dq, dk, dv, dg, dbeta = ops.kda_backward(do_, kd.q, kd.k, kd.v, kd.g, kd.beta, ctx.seg,
+                                                   {state0 = ctx.state0})
+    -- beta = sigmoid(b_proj xm)
+    local dbl = ops.sigmoid_backward(dbeta, sv.beta.logit:float())
+    ops.add_(dxm, self.b_proj:backward(dbl:to(sv.beta.logit:dtype()), sv.beta.s_b))
+    -- the forget gate
+    local sg = sv.gate
+    local dz
+    if self.lb ~= nil then
+        dz = ops.sigmoid_backward(ops.mul(dg, self.lb), sg.z)   -- d/dz of lb sigmoid(z)
+    else
+        -- g = -A softplus(f): dg/df = -A sigmoid(f) (1 where f > 20), dg/dA = -softplus(f)
+        local f3 = sg.f:view(N, Hk, Dk)
+        local dsp = ops.masked_fill(ops.sigmoid(f3), ops.gt(f3, 20), 1)
+        local df = ops.mul(ops.mul(ops.neg(dg), sg.A), dsp)
+        local dA = ops.sum(ops.sum(ops.mul(ops.neg(dg), self:_softplus(f3)), 3), 1)   -- (Hk)
+        self:_gate_params_backward(df:view(N, Q), dA, sg, dxm)
+        return self:_qkv_backward(dq, dk, dv, sv, dxm)
+    end
+    local df = ops.mul(dz, sg.A)                                   -- z = A f
+    local dA = ops.sum(ops.sum(ops.mul(dz, sg.f:view(N, Hk, Dk)), 3), 1)
+    self:_gate_params_backward(df:view(N, Q), dA, sg, dxm)
+    return self:_qkv_backward(dq, dk, dv, sv, dxm)
+end
+
+-- df (N, Q) the gradient of f = f_b f_a xm + dt_bias, dA (Hk) that of A = e^A_log
+function KDA:_gate_params_backward(df, dA, sg, dxm)
+    local gb = self.store:grad(self.dt_bias)
+    if gb then ops.add_(gb, ops.sum(df, 1)) end
+    local ga = self.store:grad(self.A_log)
+    if ga then ops.add_(ga, ops.mul(dA, sg.A:view(self.Hk))) end
+    local dfa = self.f_b_proj:backward(df:to(dxm:dtype()), sg.s_fb)
+    ops.add_(dxm, self.f_a_proj:backward(dfa, sg.s_fa))
+end
+
+function KDA:_qkv_backward(dq, dk, dv, sv, dxm)
+    local N, Hk, Dk, Q = sv.N, self.Hk, self.Dk, self.Q
+    local ctx = sv.ctx
+    local dact = {
+        q = l2norm_backward(dq:view(N * Hk, Dk), sv.q.act:view(N * Hk, Dk), sv.q.rstd, Dk, 1 / math.sqrt(Dk)),
+        k = l2norm_backward(dk:view(N * Hk, Dk), sv.k.act:view(N * Hk, Dk), sv.k.rstd, Dk, 1),
+        v = dv,
+    }
+    for _, w in ipairs({'q', 'k', 'v'}) do
+        local s = sv[w]
+        local dc = ops.silu_backward(dact[w]:view(N, Q), s.c)
+        local gw = self.store:grad(self.conv_names[w])
+        local dp = ops.conv1d_causal_backward(dc, s.p, conv_weight(self, w), ctx.seg,
+                                              {hist = ctx.hist and ctx.hist[w], dw = gw and gw:view(Q, self.Kc)})
+        ops.add_(dxm, self[w .. '_proj']:backward(dp:to(s.p:dtype()), s.sp))
+    end
+    if ctx.valid then return ops.mul(dxm, ctx.valid) end
+    return dxm
+end
+
+return KDA
