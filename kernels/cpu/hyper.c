@@ -3,8 +3,11 @@
  * their backwards).
  *
  * Every op is per token row and independent of the other rows; threads split the rows. The
- * Sinkhorn backward rebuilds the iterations of its row from the softmax (2 iters matrices of
- * n x n per row in the thread's scratch), so the forward keeps nothing but its outputs.
+ * weights (the softmax and the Sinkhorn divisions) are computed in f64 and rounded once: the
+ * gradients of the tiny mHC scales and bases sum many cancelling terms, which f32 rounding along
+ * 2 iters - 1 divisions would blur. The Sinkhorn backward rebuilds the iterations of its row from
+ * the softmax (2 iters matrices of n x n per row in the thread's scratch), so the forward keeps
+ * nothing but its outputs.
  */
 #include <math.h>
 #include <omp.h>
@@ -12,26 +15,26 @@
 
 #include "cpu.h"
 
-static float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+static double sigmoid_(double x) { return 1.0 / (1.0 + exp(-x)); }
 
 /* softmax of each row of the n x n logits z into c, plus eps */
-static void hc_softmax(float *c, const float *z, int64_t n, float eps) {
+static void hc_softmax(double *c, const float *z, int64_t n, double eps) {
     for (int64_t i = 0; i < n; i++) {
         const float *zi = z + i * n;
-        float *ci = c + i * n;
-        float m = zi[0];
+        double *ci = c + i * n;
+        double m = zi[0];
         for (int64_t j = 1; j < n; j++) m = zi[j] > m ? zi[j] : m;
-        float s = 0;
-        for (int64_t j = 0; j < n; j++) s += ci[j] = expf(zi[j] - m);
+        double s = 0;
+        for (int64_t j = 0; j < n; j++) s += ci[j] = exp(zi[j] - m);
         for (int64_t j = 0; j < n; j++) ci[j] = ci[j] / s + eps;
     }
 }
 
 /* one Sinkhorn division of c (n x n) in place: columns (sum over the row index) when cols, else
  * rows; the sums + eps into den */
-static void hc_divide(float *c, float *den, int64_t n, int cols, float eps) {
+static void hc_divide(double *c, double *den, int64_t n, int cols, double eps) {
     for (int64_t a = 0; a < n; a++) {
-        float s = 0;
+        double s = 0;
         for (int64_t b = 0; b < n; b++) s += cols ? c[b * n + a] : c[a * n + b];
         den[a] = s + eps;
     }
@@ -53,13 +56,13 @@ lunar_status lunar_cpu_hc_weights(lunar_ctx *ctx, lunar_tensor *pre, lunar_tenso
     for (int64_t r = 0; r < N; r++) {
         const float *zr = zp + r * M;
         for (int64_t i = 0; i < n; i++) {
-            pp[r * n + i] = sigmoidf_(zr[i]) + eps;
-            qp[r * n + i] = 2.0f * sigmoidf_(zr[n + i]);
+            pp[r * n + i] = (float)(sigmoid_(zr[i]) + eps);
+            qp[r * n + i] = (float)(2.0 * sigmoid_(zr[n + i]));
         }
-        float *c = cp + r * nn;
-        float den[64];
+        double c[64 * 64], den[64];
         hc_softmax(c, zr + 2 * n, n, eps);
         for (int k = 0; k < steps; k++) hc_divide(c, den, n, hc_is_col(k), eps);
+        for (int64_t e = 0; e < nn; e++) cp[r * nn + e] = (float)c[e];
     }
     return LUNAR_OK;
 }
@@ -75,54 +78,55 @@ lunar_status lunar_cpu_hc_weights_backward(lunar_ctx *ctx, lunar_tensor *dz, con
     int nt = lunar_ctx_threads(ctx);
     /* per thread: the matrix before each division, the dens of each, dc, and the softmax */
     size_t wf = (size_t)((steps + 1) * nn + steps * n + 2 * nn);
-    wf = (wf + 15) & ~(size_t)15;
-    int64_t nbytes = (int64_t)(wf * sizeof(float)) * nt;
+    wf = (wf + 7) & ~(size_t)7;
+    int64_t nbytes = (int64_t)(wf * sizeof(double)) * nt;
     lunar_tensor scratch = {0};
     LUNAR_TRY(lunar_tensor_new(ctx, &scratch, LUNAR_DTYPE_U8, (lunar_device){LUNAR_DEVICE_CPU, 0}, 1, &nbytes));
-    float *sb = lunar_tensor_data(&scratch);
+    double *sb = lunar_tensor_data(&scratch);
 #pragma omp parallel num_threads(nt) if (N * nn * steps >= LUNAR_CPU_PAR_MIN && N > 1)
     {
-        float *mats = sb + wf * (size_t)omp_get_thread_num();   /* (steps + 1) x nn */
-        float *dens = mats + (steps + 1) * nn;                   /* steps x n */
-        float *dc = dens + steps * n, *dx = dc + nn;
+        double *mats = sb + wf * (size_t)omp_get_thread_num();  /* (steps + 1) x nn */
+        double *dens = mats + (steps + 1) * nn;                  /* steps x n */
+        double *dc = dens + steps * n, *dx = dc + nn;
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < N; r++) {
             const float *zr = zp + r * M;
             float *gr = gz + r * M;
             for (int64_t i = 0; i < n; i++) {
-                float sp = sigmoidf_(zr[i]), sq = sigmoidf_(zr[n + i]);
-                gr[i] = gpre[r * n + i] * sp * (1 - sp);
-                gr[n + i] = gpost[r * n + i] * 2.0f * sq * (1 - sq);
+                double sp = sigmoid_(zr[i]), sq = sigmoid_(zr[n + i]);
+                gr[i] = (float)(gpre[r * n + i] * sp * (1 - sp));
+                gr[n + i] = (float)(gpost[r * n + i] * 2.0 * sq * (1 - sq));
             }
             hc_softmax(mats, zr + 2 * n, n, eps);
             for (int k = 0; k < steps; k++) {
-                memcpy(mats + (k + 1) * nn, mats + k * nn, (size_t)nn * sizeof(float));
+                memcpy(mats + (k + 1) * nn, mats + k * nn, (size_t)nn * sizeof(double));
                 hc_divide(mats + (k + 1) * nn, dens + k * n, n, hc_is_col(k), eps);
             }
-            memcpy(dc, gcomb + r * nn, (size_t)nn * sizeof(float));
+            for (int64_t e = 0; e < nn; e++) dc[e] = gcomb[r * nn + e];
             /* y = x / den: dx = dy / den - sum_axis(dy * x) / den^2 */
             for (int k = steps - 1; k >= 0; k--) {
-                const float *x = mats + k * nn, *den = dens + k * n;
+                const double *x = mats + k * nn, *den = dens + k * n;
                 int cols = hc_is_col(k);
                 for (int64_t a = 0; a < n; a++) {
-                    float s = 0;
+                    double s = 0;
                     for (int64_t b = 0; b < n; b++) {
                         int64_t e = cols ? b * n + a : a * n + b;
                         s += dc[e] * x[e];
                     }
-                    float d = den[a], q = s / (d * d);
+                    double d = den[a], q = s / (d * d);
                     for (int64_t b = 0; b < n; b++) {
                         int64_t e = cols ? b * n + a : a * n + b;
                         dx[e] = dc[e] / d - q;
                     }
                 }
-                memcpy(dc, dx, (size_t)nn * sizeof(float));
+                memcpy(dc, dx, (size_t)nn * sizeof(double));
             }
             /* softmax backward per row: dz = p (dc - sum(dc p)), p = c - eps */
             for (int64_t i = 0; i < n; i++) {
-                float s = 0;
+                double s = 0;
                 for (int64_t j = 0; j < n; j++) s += dc[i * n + j] * (mats[i * n + j] - eps);
-                for (int64_t j = 0; j < n; j++) gr[2 * n + i * n + j] = (mats[i * n + j] - eps) * (dc[i * n + j] - s);
+                for (int64_t j = 0; j < n; j++)
+                    gr[2 * n + i * n + j] = (float)((mats[i * n + j] - eps) * (dc[i * n + j] - s));
             }
         }
     }
