@@ -14,7 +14,8 @@
 -- cfg holds the HF config fields: n_routed_experts (or num_local_experts), num_experts_per_tok,
 -- n_group (1), topk_group (1), norm_topk_prob (true), routed_scaling_factor (1.0),
 -- n_shared_experts (1), hidden_act ('silu'; any of lunar.nn.MLP.ACTIVATIONS, for the routed and
--- the shared experts alike); defaults in brackets.
+-- the shared experts alike), swiglu_limit (nil: no clamp; GLM-5.3-Flash: both clamp their gate
+-- and up inputs, lunar.nn.MLP); defaults in brackets.
 --
 -- Router (f32 whatever the model dtype): l = x W^T, s = sigmoid(l), c = s + bias; with
 -- n_group > 1 each group scores the sum of its two largest c and only the best topk_group
@@ -180,7 +181,7 @@ function MoE.new(store, name, cfg, opts)
     local parts = par:moe(name, rc)
     local io = par:block('moe')
     local self = setmetatable({
-        store = store, name = name, rc = rc, act = act,
+        store = store, name = name, rc = rc, act = act, limit = cfg.swiglu_limit,
         router_name = name .. '.gate.weight',
         bias_name = name .. '.gate.e_score_correction_bias',
         gate_names = {}, up_names = {}, down_names = {},
@@ -200,7 +201,8 @@ function MoE.new(store, name, cfg, opts)
     if ns == nil then ns = 1 end
     if ns > 0 then
         local sio = par:block('shared_experts')
-        self.shared = MLP.new(store, name .. '.shared_experts', act, {input = sio.input, output = sio.output})
+        self.shared = MLP.new(store, name .. '.shared_experts', act,
+            {input = sio.input, output = sio.output, limit = cfg.swiglu_limit})
     end
     return self
 end
@@ -235,7 +237,7 @@ local function experts_forward(self, xs, hits, ri, opts)
             if au then ls.up[k] = lora.forward(au, xe, U:narrow(1, h.off, h.n), ri and opts) end
         end
     end
-    local A = activate(self.act, G, U)
+    local A = activate(self.act, G, U, self.limit)
     local Y = core.empty({R, xs:size(2)}, dt, dev)
     as, bs, cs = {}, {}, {}
     for _, h in ipairs(hits) do
@@ -263,7 +265,7 @@ local function experts_backward(self, xs, dys, ws, hits, se, want_dx)
     local dt, dev, Im = xs:dtype(), xs:device(), se.Im
     local a = core.empty({R}, 'f32', dev)
     if R == 0 then return a, want_dx and core.empty({0, H}, dt, dev) or nil end
-    local A = activate(self.act, se.G, se.U)                          -- (R, Im)
+    local A = activate(self.act, se.G, se.U, self.limit)                          -- (R, Im)
     local dA = core.empty({R, Im}, dt, dev)
     local as, bs, cs = {}, {}, {}
     for _, h in ipairs(hits) do
@@ -318,7 +320,7 @@ local function experts_backward(self, xs, dys, ws, hits, se, want_dx)
         if #wa > 0 then ops.gemm_grouped(wa, wb, {trans_a = true, out = wc, beta = 1}) end
     end)
     A:free()
-    local dG, dU = MLP.activate_backward(self.act, dA, se.G, se.U)
+    local dG, dU = MLP.activate_backward(self.act, dA, se.G, se.U, self.limit)
     dA:free()
     local dXs = want_dx and core.empty({R, H}, dt, dev) or nil
     each_pass(function(list)
