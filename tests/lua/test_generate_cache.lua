@@ -176,8 +176,11 @@ T:test('every fixture model: cached greedy decoding equals the full forward', fu
         if f then
             f:close()
             local model = lunar.model.load(ROOT .. name)
-            run_case(model, name, 4 + n % 3)
-            n = n + 1
+            -- GLM-5.3-Flash's caches are not built yet (lunar.generate refuses it: test_model_flash)
+            if model.cfg.model_type ~= 'glm5_next' then
+                run_case(model, name, 4 + n % 3)
+                n = n + 1
+            end
         end
     end
     assert(n >= 15, 'expected the 15 fixture models, found ' .. n)

@@ -388,4 +388,4 @@ T:test('nn.HyperConnection (hc_mult 2) equals Glm5NextTextHyperConnection and th
     check_hyper(FX.hyper2)
 end)
 
-T:run()
+os.exit(T:run())

@@ -108,4 +108,4 @@ T:test('expert tensor parallel without its ep group is refused naming the layer'
         'MoE model.layers.1.mlp: expert tensor parallel (etp = 2) needs the ep group')
 end)
 
-T:run()
+os.exit(T:run())

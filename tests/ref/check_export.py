@@ -39,12 +39,16 @@ def load_model(ckpt_dir):
         print(f"warning: transformers {transformers.__version__}, the fixtures use {PINNED_TRANSFORMERS}",
               file=sys.stderr)
     cfg = json.load(open(os.path.join(ckpt_dir, "config.json")))
-    model, info = AutoModelForCausalLM.from_pretrained(
+    cls = AutoModelForCausalLM
+    if cfg.get("model_type") == "glm5_next":   # GLM-5.3-Flash: the vision-language class, text inputs
+        from transformers import Glm5NextForConditionalGeneration as cls
+    model, info = cls.from_pretrained(
         ckpt_dir, attn_implementation="eager", experts_implementation="eager", dtype=torch.float32,
         output_loading_info=True, use_kernels=False)
-    L = cfg["num_hidden_layers"]
-    n_mtp = int(cfg.get("num_nextn_predict_layers") or 0)
-    mtp = re.compile(r"^model\.layers\.(\d+)\.")
+    text = cfg.get("text_config") or cfg
+    L = text["num_hidden_layers"]
+    n_mtp = int(text.get("num_nextn_predict_layers") or 0)
+    mtp = re.compile(r"^model\.(?:language_model\.)?layers\.(\d+)\.")
 
     def is_mtp(k):
         m = mtp.match(k)
@@ -75,7 +79,7 @@ def check(ckpt_dir, ref_path, quiet=False, tol=None):
     ref = load_file(ref_path)
     am = ref.get("attention_mask")
     with torch.no_grad():
-        out = model(input_ids=ref["input_ids"], position_ids=ref["position_ids"], attention_mask=am,
+        out = model(input_ids=ref["input_ids"], position_ids=ref.get("position_ids"), attention_mask=am,
                     labels=ref.get("labels"), use_cache=False)
     got = out.logits.float()
     want = ref["logits"].float()

@@ -89,6 +89,10 @@ function Cache.plan(model, opts)
     if type(model) ~= 'table' or not model.layers or not model.cfg then
         fail('kv cache: the first argument must be a lunar model (lunar.model.load / new)')
     end
+    if model.cfg.model_type == 'glm5_next' then
+        fail('kv cache: GLM-5.3-Flash (glm5_next) has no cache in this version of lunar (its KDA states and '
+            .. 'pooled keys are not built yet)')
+    end
     local budget = opts.budget_bytes
     if not is_int(budget) or budget <= 0 then
         fail(('kv cache: budget_bytes must be a positive whole number of bytes, got %s'):format(tostring(budget)))

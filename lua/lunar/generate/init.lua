@@ -183,6 +183,10 @@ function M.run(model, prompts, opts)
     opts = opts or {}
     check_opts(opts)
     if type(model) ~= 'table' or not model.cfg or not model.params then fail('generate: expected a lunar model') end
+    if model.cfg.model_type == 'glm5_next' then
+        fail('generate: GLM-5.3-Flash (glm5_next) generation is not implemented in this version of lunar (its KDA '
+            .. 'state and k-pool caches are not in the rollout engine yet)')
+    end
     local par = gpar.of(model)
     -- under expert parallel a rank with no prompts still takes part in the others' forwards
     if type(prompts) ~= 'table' or (#prompts == 0 and not (par and par.lockstep)) then

@@ -3,8 +3,9 @@
 --   local cfg = lunar.model.config.load('GLM-5/config.json')
 --   local cfg = lunar.model.config.from_table(t, 'my config')
 --
--- Architectures: GlmMoeDsaForCausalLM (model_type glm_moe_dsa: GLM-5, 5.1, 5.2, 5.3) and
--- Glm4MoeForCausalLM (glm4_moe: GLM-4.5, 4.6, 4.7). Fields missing from the file get the
+-- Architectures: GlmMoeDsaForCausalLM (model_type glm_moe_dsa: GLM-5, 5.1, 5.2, 5.3),
+-- Glm4MoeForCausalLM (glm4_moe: GLM-4.5, 4.6, 4.7) and Glm5NextForConditionalGeneration (glm5_next:
+-- GLM-5.3-Flash, validated by lunar.model.glm5_next_config). Fields missing from the file get the
 -- defaults of transformers' config classes (docs: glm5-architecture.md sections 1.1 and 14.1),
 -- except the four sizes every saved config.json has (vocab_size, hidden_size,
 -- num_hidden_layers, num_attention_heads), which are required. The result holds every field
@@ -157,11 +158,11 @@ local function architecture(t, src, bad)
         fail(('%s: missing required field architectures (or model_type): cannot tell which model this is'):format(src))
     end
     if arch ~= nil and not TYPE_OF_ARCH[arch] then
-        bad('architectures', "names the unknown architecture '%s' (lunar knows GlmMoeDsaForCausalLM and "
-            .. 'Glm4MoeForCausalLM)', arch)
+        bad('architectures', "names the unknown architecture '%s' (lunar knows GlmMoeDsaForCausalLM, "
+            .. 'Glm4MoeForCausalLM and Glm5NextForConditionalGeneration)', arch)
     end
     if mtype ~= nil and not ARCH_OF_TYPE[mtype] then
-        bad('model_type', "is the unknown model type '%s' (lunar knows glm_moe_dsa and glm4_moe)", mtype)
+        bad('model_type', "is the unknown model type '%s' (lunar knows glm_moe_dsa, glm4_moe and glm5_next)", mtype)
     end
     if arch and mtype and TYPE_OF_ARCH[arch] ~= mtype then
         bad('model_type', "'%s' contradicts architectures '%s' (model type %s)", mtype, arch, TYPE_OF_ARCH[arch])
@@ -232,11 +233,32 @@ local function indexer_types(t, L, bad)
     return out, 'index_topk_freq', ('(derived from index_topk_freq=%d, index_skip_topk_offset=%d) '):format(freq, offset)
 end
 
+-- the MoE routing fields of cfg fit together (bad: the checker's error function)
+function M.check_routing(cfg, bad)
+    local E, G = cfg.n_routed_experts, cfg.n_group
+    if E % G ~= 0 then bad('n_routed_experts', '(%d) is not divisible by n_group (%d)', E, G) end
+    if E / G < 2 then
+        bad('n_routed_experts', '(%d) gives %d expert(s) per group with n_group %d; group scores sum the top 2 experts '
+            .. 'of each group, so every group needs at least 2', E, E / G, G)
+    end
+    if cfg.topk_group > G then bad('topk_group', '(%d) is larger than n_group (%d)', cfg.topk_group, G) end
+    if cfg.num_experts_per_tok > E then
+        bad('num_experts_per_tok', '(%d) is larger than n_routed_experts (%d)', cfg.num_experts_per_tok, E)
+    end
+    if cfg.num_experts_per_tok > cfg.topk_group * (E / G) then
+        bad('num_experts_per_tok', '(%d) is more than the %d experts in the topk_group (%d) groups kept per token',
+            cfg.num_experts_per_tok, cfg.topk_group * (E / G), cfg.topk_group)
+    end
+
+end
+
 -- from_table(t, source_name) -> validated config (see the top of this file)
 function M.from_table(t, src)
     src = src or 'config'
     if type(t) ~= 'table' then fail(('%s: expected a table (the parsed config.json), got %s'):format(src, type(t))) end
     local bad, check_kind = checker(src)
+    local next_cfg = require 'lunar.model.glm5_next_config'
+    if next_cfg.is_glm5_next(t) then return next_cfg.from_table(t, src) end
     local arch, mtype = architecture(t, src, bad)
     local cfg = {}
     for k, v in pairs(t) do
@@ -269,21 +291,7 @@ function M.from_table(t, src)
         bad('pad_token_id', '(%d) must be below vocab_size (%d)', cfg.pad_token_id, cfg.vocab_size)
     end
 
-    -- MoE routing
-    local E, G = cfg.n_routed_experts, cfg.n_group
-    if E % G ~= 0 then bad('n_routed_experts', '(%d) is not divisible by n_group (%d)', E, G) end
-    if E / G < 2 then
-        bad('n_routed_experts', '(%d) gives %d expert(s) per group with n_group %d; group scores sum the top 2 experts '
-            .. 'of each group, so every group needs at least 2', E, E / G, G)
-    end
-    if cfg.topk_group > G then bad('topk_group', '(%d) is larger than n_group (%d)', cfg.topk_group, G) end
-    if cfg.num_experts_per_tok > E then
-        bad('num_experts_per_tok', '(%d) is larger than n_routed_experts (%d)', cfg.num_experts_per_tok, E)
-    end
-    if cfg.num_experts_per_tok > cfg.topk_group * (E / G) then
-        bad('num_experts_per_tok', '(%d) is more than the %d experts in the topk_group (%d) groups kept per token',
-            cfg.num_experts_per_tok, cfg.topk_group * (E / G), cfg.topk_group)
-    end
+    M.check_routing(cfg, bad)
 
     -- MLP type per layer
     if cfg.mlp_layer_types ~= nil then   -- an explicit list wins over first_k_dense_replace
@@ -365,6 +373,9 @@ function M.from_table(t, src)
     end
     return cfg
 end
+
+-- the pieces the other config families share (lunar.model.glm5_next_config)
+M.checker, M.check_list, M.show, M.indexer_types, M.is_int = checker, check_list, show, indexer_types, is_int
 
 -- load(path) -> validated config of a config.json (or of the config.json in a directory)
 function M.load(path)

@@ -1,4 +1,5 @@
--- lunar.model: GLM-5 (GlmMoeDsaForCausalLM) and GLM-4.x MoE (Glm4MoeForCausalLM) models.
+-- lunar.model: GLM-5 (GlmMoeDsaForCausalLM), GLM-4.x MoE (Glm4MoeForCausalLM) and GLM-5.3-Flash
+-- (Glm5NextForConditionalGeneration's text tower, lunar.model.glm5_next) models.
 --
 --   local model = lunar.model.load('/ckpt/GLM-5.2', {dtype = 'f32'})   -- HF checkpoint directory
 --   local model = lunar.model.new(config, {seed = 1})                  -- config: table or path
@@ -16,11 +17,14 @@ local nn = require 'lunar.nn'
 local config = require 'lunar.model.config'
 local params = require 'lunar.model.params'
 local glm = require 'lunar.model.glm'
+local glm5_next = require 'lunar.model.glm5_next'
 local sharded = require 'lunar.parallel.checkpoint'
 
-local M = {config = config, glm = glm, params = params}
+local M = {config = config, glm = glm, glm5_next = glm5_next, params = params}
 
 local fail = tensor.fail
+
+local glm5_next_type = 'glm5_next'
 
 local function cfg_of(c)
     if type(c) == 'string' then
@@ -35,7 +39,9 @@ end
 -- with fresh weights
 function M.new(c, opts)
     if type(opts) == 'number' then opts = {seed = opts} end
-    return glm.new(cfg_of(c), opts or {})
+    local cfg = cfg_of(c)
+    if cfg.model_type == glm5_next_type then return glm5_next.new(cfg, opts or {}) end
+    return glm.new(cfg, opts or {})
 end
 
 local function shape_str(s) return '(' .. table.concat(s, ', ') .. ')' end
@@ -68,6 +74,12 @@ end
 function M.load(dir, opts)
     opts = opts or {}
     local cfg = cfg_of(dir)
+    if cfg.model_type == glm5_next_type then
+        if sharded.is_sharded(dir) then
+            fail(('%s: a sharded checkpoint of a glm5_next model: not implemented in this version of lunar'):format(dir))
+        end
+        return glm5_next.load(dir, cfg, opts)
+    end
 
     -- expert parallel (opts.ep, a lunar.dist group): this rank keeps its range of the routed
     -- experts; tensor parallel (opts.tp) and expert tensor parallel (opts.etp): this rank's block
@@ -235,6 +247,8 @@ function glm.Model:save_hf(dir, opts)
         local t = self.params:get(name)
         out[name] = t:to(M.hf_dtype(src, name, t:dtype(), opts), 'cpu')
     end
+    -- tensors carried through untouched (glm5_next: the vision tower, the MTP layer)
+    for name, t in pairs(self.carried or {}) do out[name] = t end
     -- write fused experts back in the layout they came in
     for fname, f in pairs(M.fused_layout(self.cfg, src, function(n) return out[n]:size() end, opts)) do
         local t = core.empty(f.shape, f.dtype, 'cpu')

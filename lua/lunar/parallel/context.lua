@@ -111,6 +111,19 @@ function M.new(cfg, opts)
     return self
 end
 
+-- unsplit(cfg, opts, family): the context of a model family that is not split yet (opts as new's):
+-- a tp, ep or etp group of more than one rank is refused, naming the family and the setting
+function M.unsplit(cfg, opts, family)
+    for _, k in ipairs({'tp', 'ep', 'etp'}) do
+        local g = splitting(opts and opts[k])
+        if g then
+            fail(('%s under %s = %d is not implemented in this version of lunar: run it with parallel.%s=1 '
+                .. '(data parallel works)'):format(family, k, g:size(), k))
+        end
+    end
+    return M.new(cfg, {})
+end
+
 M.NONE = setmetatable({tp_size = 1, tp_rank = 0, sp = false, split_indexer = false,
     vocab = vocab.of({vocab_size = 0}, nil), layer_in = identity, layer_out = identity, embed_out = identity,
     head_in = identity, heads_io = {input = identity, output = identity}, decode_heads = identity,
