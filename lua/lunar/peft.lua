@@ -38,6 +38,7 @@ local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local io = require 'lunar.io'
 local lora = require 'lunar.nn.lora'
+local native = require 'lunar.peft_native'
 local ops = require 'lunar.ops'
 
 local fail = tensor.fail
@@ -60,10 +61,16 @@ local function not_adaptable(name)
     return nil
 end
 
+-- a module's name with the text tower's prefix as GLM-5's: GLM-5.3-Flash's decoder lives under
+-- model.language_model. (Glm5NextForConditionalGeneration), GLM-5's and GLM-4.x's under model.
+local function canon(name) return (name:gsub('^model%.language_model%.', 'model.')) end
+
+-- the decoder layer a module belongs to, or nil
 local function layer_of(name)
-    local i = name:match('^model%.layers%.(%d+)%.')
+    local i = canon(name):match('^model%.layers%.(%d+)%.')
     return i and tonumber(i) or nil
 end
+M.layer_of = layer_of
 
 -- candidate modules: name -> {out =, ['in'] =, why = reason it cannot be adapted or nil}
 local function candidates(store, cfg, include_mtp)
@@ -223,6 +230,7 @@ local MLP_LEAF = {gate_proj = true, up_proj = true, down_proj = true}
 
 -- 'expert' (a routed expert's projection), 'mlp' (a dense MLP's or shared expert's) or 'module'
 local function kind_of(name)
+    name = canon(name)
     if name:find(EXPERT) then return 'expert' end
     if MLP_LEAF[name:match('([^%.]+)$')] and name:find('%.mlp%.') then return 'mlp' end
     return 'module'
@@ -230,7 +238,7 @@ end
 
 -- the name that stands for every module like `name` in PEFT's suffix match
 local function short_of(name, kind)
-    if kind == 'mlp' then return (name:gsub('^model%.layers%.%d+%.', '')) end
+    if kind == 'mlp' then return (canon(name):gsub('^model%.layers%.%d+%.', '')) end
     return name:match('([^%.]+)$')
 end
 
@@ -278,7 +286,7 @@ local function peft_layout(store, set, cfg)
         local layers, seen_l = {}, {}
         for _, name in ipairs(mtp) do
             local L = layer_of(name)
-            if not seen_l[L] then seen_l[L] = true; layers[#layers + 1] = 'model.layers.' .. L end
+            if not seen_l[L] then seen_l[L] = true; layers[#layers + 1] = name:match('^(.-layers%.%d+)%.') end
         end
         gaps[#gaps + 1] = ('%d adapter(s) on the MTP layer (%s), which transformers does not build'):format(
             #mtp, table.concat(layers, ', '))
@@ -320,17 +328,27 @@ function M.save(model, dir, o)
             fail(('peft.save: adapters with different r/alpha/dropout (%s) cannot share one adapter_config.json'):format(name))
         end
         r, alpha, p, rs = ad.r, ad.alpha, ad.dropout, ad.rslora
-        local A, B = set.params:get(ad.a_name), set.params:get(ad.b_name)
-        tensors[PREFIX .. ad.a_name] = A:to(o.dtype or A:dtype(), 'cpu')
-        tensors[PREFIX .. ad.b_name] = B:to(o.dtype or B:dtype(), 'cpu')
     end
-    local layout = peft_layout(store, set, m and m.cfg)
-    for name, shape in pairs(layout.pads) do
-        tensors[PREFIX .. name .. '.lora_A.weight'] = core.empty({r, shape[2]}, o.dtype or set.dtype, 'cpu'):fill_(0)
-        tensors[PREFIX .. name .. '.lora_B.weight'] = core.empty({shape[1], r}, o.dtype or set.dtype, 'cpu'):fill_(0)
+    local layout, wrapped
+    if native.applies(set.order) then
+        layout = native.layout(store, set, {r = r, alpha = alpha, rslora = rs, dtype = o.dtype or set.dtype})
+        layout.gaps = {}
+        tensors, wrapped = layout.tensors, layout.wrapped
+    else
+        for _, name in ipairs(set.order) do
+            local ad = set.modules[name]
+            local A, B = set.params:get(ad.a_name), set.params:get(ad.b_name)
+            tensors[PREFIX .. ad.a_name] = A:to(o.dtype or A:dtype(), 'cpu')
+            tensors[PREFIX .. ad.b_name] = B:to(o.dtype or B:dtype(), 'cpu')
+        end
+        layout = peft_layout(store, set, m and m.cfg)
+        for name, shape in pairs(layout.pads) do
+            tensors[PREFIX .. name .. '.lora_A.weight'] = core.empty({r, shape[2]}, o.dtype or set.dtype, 'cpu'):fill_(0)
+            tensors[PREFIX .. name .. '.lora_B.weight'] = core.empty({shape[1], r}, o.dtype or set.dtype, 'cpu'):fill_(0)
+        end
+        wrapped = #layout.target_parameters > 0 or next(layout.pads) ~= nil
+        for _, name in ipairs(set.order) do if name:find(EXPERT) then wrapped = true break end end
     end
-    local wrapped = #layout.target_parameters > 0 or next(layout.pads) ~= nil
-    for _, name in ipairs(set.order) do if name:find(EXPERT) then wrapped = true break end end
     if o.lora_dropout ~= nil then p = o.lora_dropout elseif wrapped then p = 0 end
     local base = o.base_model_name_or_path or (set.config and set.config.base_model_name_or_path)
         or (m and m.source and m.source.path) or io.null
@@ -338,10 +356,15 @@ function M.save(model, dir, o)
         base_model_name_or_path = base, bias = 'none', fan_in_fan_out = false, inference_mode = true,
         init_lora_weights = true, lora_alpha = alpha, lora_dropout = p, modules_to_save = io.null,
         peft_type = 'LORA', r = r, revision = io.null,
-        target_modules = io.array(layout.target_modules),
+        target_modules = type(layout.target_modules) == 'string' and layout.target_modules
+            or io.array(layout.target_modules or {}),
         task_type = 'CAUSAL_LM', use_dora = false, use_rslora = rs,
     }
     if #layout.target_parameters > 0 then cfg.target_parameters = io.array(layout.target_parameters) end
+    if layout.rank_pattern and next(layout.rank_pattern) then
+        cfg.rank_pattern, cfg.alpha_pattern = layout.rank_pattern, layout.alpha_pattern
+        for k in pairs(cfg.alpha_pattern) do io.mark_float(cfg.alpha_pattern, k) end
+    end
     io.mark_float(cfg, 'lora_dropout')
     if alpha ~= math.floor(alpha) then io.mark_float(cfg, 'lora_alpha') end
     os.execute(('mkdir -p %q'):format(dir))
@@ -382,8 +405,17 @@ function M.load(model, dir, o)
     if cfg.use_dora == true then fail(cpath .. ': DoRA adapters (use_dora) are not supported') end
     if cfg.fan_in_fan_out == true then fail(cpath .. ': fan_in_fan_out adapters are not supported') end
     if cfg.bias ~= nil and cfg.bias ~= 'none' then fail(('%s: bias %q is not supported (none)'):format(cpath, tostring(cfg.bias))) end
+    local wpath = dir .. '/adapter_model.safetensors'
+    local f = io.safetensors_open(wpath)
+    local keys = f:keys()
+    local names = {}
+    for i, key in ipairs(keys) do names[i] = key:gsub('^base_model%.model%.', '') end
+    local is_native = native.applies(names)
+    if is_native then native.check_patterns(cfg, cpath) end
     for _, k in ipairs({'rank_pattern', 'alpha_pattern'}) do
-        if type(cfg[k]) == 'table' and next(cfg[k]) ~= nil then fail(('%s: %s is not supported'):format(cpath, k)) end
+        if not is_native and type(cfg[k]) == 'table' and next(cfg[k]) ~= nil then
+            fail(('%s: %s is not supported'):format(cpath, k))
+        end
     end
     if type(cfg.modules_to_save) == 'table' and #cfg.modules_to_save > 0 then
         fail(cpath .. ': modules_to_save is not supported')
@@ -392,15 +424,18 @@ function M.load(model, dir, o)
     if type(r) ~= 'number' or type(alpha) ~= 'number' then fail(cpath .. ': r and lora_alpha must be numbers') end
     local dropout = cfg.lora_dropout
     if type(dropout) ~= 'number' then dropout = 0 end
-    local wpath = dir .. '/adapter_model.safetensors'
-    local f = io.safetensors_open(wpath)
     local pairs_ = {}
     local mods = {}
-    for _, key in ipairs(f:keys()) do
-        local mod, which = key:match('^base_model%.model%.(.+)%.lora_([AB])%.weight$')
-        if not mod then fail(('%s: %s is not a LoRA tensor (base_model.model.<module>.lora_A/B.weight)'):format(wpath, key)) end
-        if not pairs_[mod] then pairs_[mod] = {}; mods[#mods + 1] = mod end
-        pairs_[mod][which] = f:tensor(key)
+    if is_native then
+        pairs_ = native.read(f, cfg, store, wpath)
+        for mod in pairs(pairs_) do mods[#mods + 1] = mod end
+    else
+        for _, key in ipairs(keys) do
+            local mod, which = key:match('^base_model%.model%.(.+)%.lora_([AB])%.weight$')
+            if not mod then fail(('%s: %s is not a LoRA tensor (base_model.model.<module>.lora_A/B.weight)'):format(wpath, key)) end
+            if not pairs_[mod] then pairs_[mod] = {}; mods[#mods + 1] = mod end
+            pairs_[mod][which] = f:tensor(key)
+        end
     end
     table.sort(mods)
     local set = lora.new_set{seed = o.seed or 0, dtype = o.dtype or 'f32'}

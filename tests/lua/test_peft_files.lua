@@ -122,6 +122,44 @@ local function expected_layers(model, keys, r, alpha, rslora)
     return layers, mtp
 end
 
+-- The same for GLM-5.3-Flash's layout (lunar.peft_native), by PEFT's rules on transformers'
+-- Glm5Next model: a Linear per module of the file (transformers keeps the forget gate's
+-- projections under self_attn.forget_gate), and in every MoE layer one ParamWrapper per fused
+-- expert parameter of target_parameters, whether or not lunar adapted an expert there:
+-- gate_up_proj at rank 2r with alpha 2 alpha (sqrt(2) alpha under rslora), down_proj at r.
+local function expected_native_layers(model, cfg, keys, r, alpha, rslora)
+    local function scaling(a, rr) return rslora and a / math.sqrt(rr) or a / rr end
+    local layers, seen = {}, {}
+    for _, k in ipairs(keys) do
+        local mod = k:match('^base_model%.model%.(.+)%.lora_[AB]%.weight$')
+        if not mod:find('%.mlp%.experts') and not seen[mod] then
+            seen[mod] = true
+            local W = model.params:get(mod:gsub('%.forget_gate%.', '.') .. '.weight')
+            layers[#layers + 1] = {module = mod, parameter = '-', r = r, scaling = scaling(alpha, r),
+                                   lora_A = {r, W:size(2)}, lora_B = {W:size(1), r}}
+        end
+    end
+    local c = model.cfg
+    local E, H, Im = c.n_routed_experts, c.hidden_size, c.moe_intermediate_size
+    for i, kind in ipairs(c.mlp_layer_types) do
+        if kind == 'sparse' then
+            local prefix = ('model.language_model.layers.%d.mlp.experts'):format(i - 1)
+            for _, p in ipairs(cfg.target_parameters or {}) do
+                if p == 'mlp.experts.gate_up_proj' then
+                    local a2 = rslora and math.sqrt(2) * alpha or 2 * alpha
+                    layers[#layers + 1] = {module = prefix, parameter = 'gate_up_proj', r = 2 * r,
+                        scaling = scaling(a2, 2 * r), lora_A = {2 * r * E, H}, lora_B = {2 * Im, 2 * r * E}}
+                elseif p == 'mlp.experts.down_proj' then
+                    layers[#layers + 1] = {module = prefix, parameter = 'down_proj', r = r, scaling = scaling(alpha, r),
+                        lora_A = {r * E, Im}, lora_B = {H, r * E}}
+                end
+            end
+        end
+    end
+    table.sort(layers, function(a, b) return a.module .. ' ' .. a.parameter < b.module .. ' ' .. b.parameter end)
+    return layers, {}
+end
+
 local names = {}
 for name in pairs(CASES.cases) do names[#names + 1] = name end
 table.sort(names)
@@ -147,7 +185,12 @@ for _, name in ipairs(names) do
         local p = fx.peft
         T.equal(#p.missing_keys, 0, 'LoRA parameters without a tensor')
         local ad = set.modules[set.order[1]]
-        local want, mtp = expected_layers(model, keys, ad.r, ad.alpha, ad.rslora)
+        local want, mtp
+        if model.cfg.model_type == 'glm5_next' then
+            want, mtp = expected_native_layers(model, fx.adapter_config, keys, ad.r, ad.alpha, ad.rslora)
+        else
+            want, mtp = expected_layers(model, keys, ad.r, ad.alpha, ad.rslora)
+        end
         local n_built = model.cfg.num_hidden_layers
         for _, k in ipairs(p.unexpected_keys) do
             local L = tonumber(k:match('model%.layers%.(%d+)%.'))
@@ -207,6 +250,49 @@ T:test('zero adapters for the fused experts: written for PEFT, skipped by load (
     assert(got == want, 'adapters after reload: ' .. got)
     for pname in set.params:names() do T.equal(set2.params:get(pname), set.params:get(pname), pname) end
     T.equal(model2:forward(batch, {keep = false}).logits, logits, 'logits after reload')
+    os.execute(('rm -rf %q'):format(dir))
+end)
+
+T:test('GLM-5.3-Flash: the fused experts written as PEFT saves them reload as the same per-expert adapters', function()
+    local fx = CASES.cases.flash_partial
+    local model, set = build(fx)
+    for _, name in ipairs(set.order) do
+        local B = set.params:get(set.modules[name].b_name)
+        B:copy_(ops.mul(lunar.randn(B:size(), {rng = lunar.rng(5)}), 0.2))
+    end
+    set:eval()
+    local dir = tmpdir()
+    local ref = io_.load_checkpoint(FIX .. 'models/' .. fx.model .. '/reference.safetensors')
+    local batch = {input_ids = ref.input_ids, attention_mask = ref.attention_mask}
+    local logits = model:forward(batch, {keep = false}).logits
+    peft.save(model, dir)
+    -- expert 1 of layer 2 has a gate adapter only: its up half of gate_up_proj is zero, its gate
+    -- half holds A at rows e 2r .. e 2r + r and B at columns j E + e (PEFT's ParamWrapper)
+    local f = io_.safetensors_open(dir .. '/adapter_model.safetensors')
+    local A = f:tensor('base_model.model.model.language_model.layers.2.mlp.experts.base_layer.lora_A.weight')
+    local B = f:tensor('base_model.model.model.language_model.layers.2.mlp.experts.base_layer.lora_B.weight')
+    f:close()
+    local ad = set.modules['model.language_model.layers.2.mlp.experts.1.gate_proj']
+    local r, E, Im = ad.r, model.cfg.n_routed_experts, model.cfg.moe_intermediate_size
+    T.equal(A:narrow(1, 2 * r + 1, r), set.params:get(ad.a_name), 'gate A of expert 1')
+    T.equal(A:narrow(1, 3 * r + 1, r), lunar.zeros(r, A:size(2)), 'up A of expert 1')
+    local B1 = B:view(2 * Im, 2 * r, E):select(3, 2)
+    T.equal(B1:narrow(1, 1, Im):narrow(2, 1, r):contiguous(), set.params:get(ad.b_name), 'gate B of expert 1')
+    T.equal(B1:narrow(2, r + 1, r):contiguous(), lunar.zeros(2 * Im, r), 'up B of expert 1')
+    local model2 = lunar.model.load(FIX .. 'models/' .. fx.model)
+    local set2 = peft.load(model2, dir)
+    set2:eval()
+    local got, want = table.concat(set2.order, ','), table.concat(set.order, ',')
+    assert(got == want, 'adapters after reload: ' .. got)
+    for pname in set.params:names() do T.equal(set2.params:get(pname), set.params:get(pname), pname) end
+    T.equal(set2.modules[set2.order[1]].scale, set.modules[set.order[1]].scale, 'scale (rslora)')
+    T.equal(model2:forward(batch, {keep = false}).logits, logits, 'logits after reload')
+    -- a rank pattern lunar did not write is refused, naming it
+    local cfg = io_.read_json(dir .. '/adapter_config.json')
+    cfg.rank_pattern['.*\\.gate_up_proj'] = 4
+    io_.write_json(dir .. '/adapter_config.json', cfg)
+    T.raises(function() peft.load(lunar.model.load(FIX .. 'models/' .. fx.model), dir) end,
+        'rank_pattern {".*\\\\.gate_up_proj": 4} is not supported')
     os.execute(('rm -rf %q'):format(dir))
 end)
 

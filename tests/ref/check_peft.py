@@ -77,14 +77,15 @@ def peft_facts(pm, adapter_dir):
 
 def mtp_layers(base_dir):
     cfg = json.load(open(os.path.join(base_dir, "config.json")))
+    cfg = cfg.get("text_config") or cfg
     L, n = cfg["num_hidden_layers"], int(cfg.get("num_nextn_predict_layers") or 0)
-    return lambda key: any(f"model.layers.{i}." in key for i in range(L, L + n))
+    return lambda key: any(re.search(rf"model\.(language_model\.)?layers\.{i}\.", key) for i in range(L, L + n))
 
 
 def logits_ratio(model, ref):
     am = ref.get("attention_mask")
     with torch.no_grad():
-        out = model(input_ids=ref["input_ids"], position_ids=ref["position_ids"], attention_mask=am,
+        out = model(input_ids=ref["input_ids"], position_ids=ref.get("position_ids"), attention_mask=am,
                     labels=ref.get("labels"), use_cache=False)
     got, want = out.logits.float(), ref["logits"].float()
     keep = torch.ones(got.shape[:2], dtype=torch.bool) if am is None else am.bool()

@@ -37,6 +37,15 @@ local CASES = {
     -- ... and rslora on routed experts' gate_proj/up_proj
     glm5_rslora = {model = 'glm5_dsa', options = {targets = {'gate_proj', 'up_proj', 'down_proj'}, r = 4, alpha = 8,
         rslora = true, seed = 6}},
+    -- GLM-5.3-Flash (lunar.peft_native): every linear map of KDA, NoPE MLA, the MLPs and the experts
+    flash_all = {model = 'flash_a', options = {targets = {'all-linear'}, r = 4, alpha = 8, dropout = 0.05, seed = 8}},
+    -- some experts' gate, one's up and another's down, the forget gate's second projection, a
+    -- dense MLP of one layer only, under rslora (PEFT fuses gate and up at rank 2r)
+    flash_partial = {model = 'flash_b', options = {targets = {
+        '^model%.language_model%.layers%.[12]%.mlp%.experts%.[01]%.gate_proj$', 'q_proj', 'f_b_proj', 'kv_b_proj',
+        '^model%.language_model%.layers%.2%.mlp%.experts%.3%.down_proj$',
+        '^model%.language_model%.layers%.1%.mlp%.experts%.5%.up_proj$', '^model%.language_model%.layers%.0%.mlp%.up_proj$'},
+        r = 3, alpha = 5, rslora = true, seed = 9}},
 }
 
 local out = arg[1]

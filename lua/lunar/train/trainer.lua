@@ -371,7 +371,7 @@ local DTYPE_BYTES = {f32 = 4, bf16 = 2, f16 = 2}
 local function lora_parameters(spec, mcfg, peft)
     local shapes, names = {}, {}
     for _, s in ipairs(spec) do
-        local L = tonumber(s.name:match('^model%.layers%.(%d+)%.'))
+        local L = lunar.peft.layer_of(s.name)
         if not (L and L >= mcfg.num_hidden_layers) or peft.include_mtp then
             shapes[s.name] = s.shape
             names[#names + 1] = s.name
