@@ -84,6 +84,40 @@ T:test('GLM-5.2 sizes against the FLOP/token Megatron implies', function()
     end
 end)
 
+-- GLM-5.3-Flash: H 8, V 16, layer 0 KDA (Hk 2, Dk 2, Q 4, conv 3) with a dense MLP (I 5), layer 1
+-- NoPE MLA (NH 2, Rq 4, Rkv 4, Dn 2, Dv 2) with a full k-pool indexer (Hi 2, Di 4, kp 2,
+-- index_topk 4, the tail) and MoE (E 4, K 2, Im 3, 1 shared); mHC over 2 streams
+local FLASH = {model_type = 'glm5_next', vocab_size = 16, hidden_size = 8, num_hidden_layers = 2,
+    layer_types = {'linear_attention', 'indexed_attention'}, mlp_layer_types = {'dense', 'sparse'},
+    num_attention_heads = 2, num_key_value_heads = 2, q_lora_rank = 4, kv_lora_rank = 4, qk_nope_head_dim = 2,
+    qk_rope_head_dim = 0, v_head_dim = 2, index_n_heads = 2, index_head_dim = 4, index_topk = 4, index_kpool = 2,
+    linear_num_heads = 2, linear_head_dim = 2, linear_conv_kernel_dim = 3, hc_mult = 2, n_routed_experts = 4,
+    num_experts_per_tok = 2, moe_intermediate_size = 3, n_shared_experts = 1, intermediate_size = 5, n_group = 1,
+    topk_group = 1, pad_token_id = 0, bos_token_id = 1, eos_token_id = 0}
+
+-- Hand count, T = 6 (FLOPs per token):
+--   KDA projections 2·(q,k,v 3·8·4 + f_a 8·2 + f_b 2·4 + b 8·2 + g_a 8·2 + g_b 2·4 + o 4·8) = 384,
+--   short convs 3·2·4·3 = 72, the delta rule 3·2·Hk·Dk·Dv = 48
+--   mHC per layer 2·(fn 2·16·8 + read 2·16 + write 2·2·2·8 + 2·16) = 768; dense MLP 2·3·8·5 = 240
+--   NoPE MLA projections 2·(q_a 8·4 + q_b 4·2·2 + kv_a 8·4 + kv_b 4·2·4 + o 2·2·8) = 288
+--   keys per query, n = 1..6 visible: 2·min(2, floor(n/2)) + n mod 2 = 1, 2, 3, 4, 5, 4: 19/6;
+--   complete pools 0, 1, 1, 2, 2, 3: 9/6; attention core 2·2·(2 + 2)·19/6
+--   indexer 2·(wq_b 4·2·4 + wk 8·4 + weights_proj 8·2 + gate 8·4) + pooling 2·4 + (2·2·4 + 2·2)·9/6 = 262
+--   MoE: router 64 + routed 2·3·8·3·2 = 288 + shared 144; lm_head 2·8·16 = 256
+T:test('GLM-5.3-Flash tiny config: KDA, NoPE MLA over k-pool DSA, mHC', function()
+    local f = flops.forward_per_token(FLASH, 6)
+    local core = 2 * 2 * 4 * 19 / 6
+    T.close(f.layers[1], 384 + 72 + 48 + 768 + 240, {atol = 1e-9, msg = 'KDA layer'})
+    T.close(f.layers[2], 288 + core + 262 + 768 + 64 + 288 + 144, {atol = 1e-9, msg = 'DSA layer'})
+    T.close(f.total, f.layers[1] + f.layers[2] + 256, {atol = 1e-9, msg = 'total'})
+    T.close(f.mean_keys, 19 / 6, {atol = 1e-12})
+    T.close(f.parts.mhc, 2 * 768, {atol = 1e-9})
+    -- packed: documents of 2 and 4 tokens attend within themselves
+    local g = flops.forward_per_token(FLASH, {2, 4})
+    T.close(g.mean_keys, (1 + 2 + 1 + 2 + 3 + 4) / 6, {atol = 1e-12})
+    T.close(flops.training_per_token(FLASH, 6), 3 * f.total, {atol = 1e-6})
+end)
+
 T:test('errors', function()
     T.raises(function() flops.forward_per_token(TINY, 0) end, 'sequence length must be a positive integer')
     T.raises(function() flops.forward_per_token(TINY, {4, 1.5}) end, 'document length 2 is 1.5')

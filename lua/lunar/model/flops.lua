@@ -1,5 +1,6 @@
--- lunar.model.flops: model FLOPs per token of GLM-5 (glm_moe_dsa) and GLM-4.5/4.6/4.7 (glm4_moe),
--- for tokens/s -> TFLOP/s and MFU (docs/training.md writes the formula down).
+-- lunar.model.flops: model FLOPs per token of GLM-5 (glm_moe_dsa), GLM-4.5/4.6/4.7 (glm4_moe) and
+-- GLM-5.3-Flash (glm5_next: KDA, NoPE MLA over k-pool DSA, mHC), for tokens/s -> TFLOP/s and MFU
+-- (docs/training.md writes the formula down; docs/flash.md Flash's).
 --
 --   local flops = require 'lunar.model.flops'
 --   local f = flops.forward_per_token(cfg, 4096)          -- cfg: lunar.model.config (or a raw table)
@@ -49,7 +50,7 @@ end
 
 local function validated(cfg)
     if type(cfg) ~= 'table' then error('flops: expected a model config table', 3) end
-    if cfg.mlp_layer_types and cfg.model_type then return cfg end
+    if cfg.raw and cfg.model_type and cfg.mlp_layer_types then return cfg end   -- already lunar.model.config's
     return require('lunar.model.config').from_table(cfg, 'flops config')
 end
 
@@ -77,6 +78,87 @@ local function attention(cfg, keys, idx_keys, has_indexer)
     return p
 end
 
+local function add(into, p, scale)
+    for k, v in pairs(p) do into[k] = (into[k] or 0) + v * (scale or 1) end
+end
+
+-- GLM-5.3-Flash (glm5_next) ------------------------------------------------------------------
+
+-- per query of one causal document of T tokens, the mean of (the keys a k-pool DSA query attends,
+-- the complete pools it scores): with n visible tokens, c = floor(n / kp) complete pools and
+-- r = n mod kp, it attends kp min(floor(topk / kp), c) pool tokens plus the r newest (the tail)
+local function kpool_means(seq, kp, topk, tail)
+    local docs = type(seq) == 'number' and {seq} or seq
+    local keys, pools, tokens = 0, 0, 0
+    local P = math.floor(topk / kp)
+    for _, T in ipairs(docs) do
+        for n = 1, T do
+            local c, r = math.floor(n / kp), n % kp
+            keys = keys + kp * math.min(P, c) + (tail and r or 0)
+            pools = pools + c
+        end
+        tokens = tokens + T
+    end
+    return keys / tokens, pools / tokens
+end
+M.kpool_means = kpool_means
+
+-- one KDA layer: the projections, the three depthwise short convs, and the gated delta rule as
+-- its token form counts it per head (q S, S^T k and the rank-one update k u^T: 3 products of
+-- Dk x Dv)
+local function kda(cfg)
+    local H, Hk, Dk, Kc = cfg.hidden_size, cfg.linear_num_heads, cfg.linear_head_dim, cfg.linear_conv_kernel_dim
+    local Q = Hk * Dk
+    return {attn_proj = 2 * (3 * H * Q + H * Dk + Dk * Q + H * Hk + H * Dk + Dk * Q + Q * H),
+            short_conv = 3 * 2 * Q * Kc,
+            attn_core = 3 * 2 * Hk * Dk * Dk}
+end
+
+-- one NoPE MLA layer over k-pool DSA selections (keys: attended keys per query), its own
+-- indexer on full layers (pools: complete pools per query, each scored by every index head)
+local function nope_mla(cfg, keys, pools, has_indexer)
+    local H, NH = cfg.hidden_size, cfg.num_attention_heads
+    local Rq, Rkv, Dn, Dv = cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.v_head_dim
+    local q = Rq and (H * Rq + Rq * NH * Dn) or H * NH * Dn
+    local p = {attn_proj = 2 * (q + H * Rkv + Rkv * NH * (Dn + Dv) + NH * Dv * H),
+               attn_core = 2 * NH * (Dn + Dv) * keys}
+    if has_indexer then
+        local Hi, Di = cfg.index_n_heads, cfg.index_head_dim
+        -- wq_b (from q_resid), wk, weights_proj, the pool gate; each token's share of its pool's
+        -- gated sum; per complete visible pool Hi dot products of Di and the weighted sum
+        p.indexer = 2 * ((Rq or H) * Hi * Di + H * Di + H * Hi + H * Di) + 2 * Di + (2 * Hi * Di + 2 * Hi) * pools
+    end
+    return p
+end
+
+-- the two mHC sites of a layer: each projects the n streams (n H) to (2 + n) n weights, reads
+-- the block's input (n H) and writes its output back (comb^T X: n n H, post a: n H)
+local function mhc(cfg)
+    local n, H = cfg.hc_mult, cfg.hidden_size
+    return {mhc = 2 * (2 * n * H * (2 + n) * n + 2 * n * H + 2 * n * n * H + 2 * n * H)}
+end
+
+local function flash_forward(cfg, seq)
+    local kp = cfg.index_kpool
+    local keys, pools = kpool_means(seq, kp, cfg.index_topk, cfg.index_kpool_always_select_tail ~= false and kp > 1)
+    local parts, layers = {}, {}
+    for i = 0, cfg.num_hidden_layers - 1 do
+        local p
+        if cfg.layer_types[i + 1] == 'linear_attention' then p = kda(cfg)
+        else p = nope_mla(cfg, keys, pools, cfg.indexer_types[i + 1] == 'full') end
+        add(p, mhc(cfg))
+        add(p, M.mlp(cfg, cfg.mlp_layer_types[i + 1]))
+        local sum = 0
+        for _, v in pairs(p) do sum = sum + v end
+        layers[i + 1] = sum
+        add(parts, p)
+    end
+    parts.lm_head = 2 * cfg.hidden_size * cfg.vocab_size
+    local total = 0
+    for _, v in pairs(parts) do total = total + v end
+    return {total = total, parts = parts, layers = layers, mean_keys = keys, mean_pools = pools}
+end
+
 local function mlp(cfg, kind)
     local H = cfg.hidden_size
     if kind == 'dense' then return {dense_mlp = 2 * 3 * H * cfg.intermediate_size} end
@@ -84,10 +166,8 @@ local function mlp(cfg, kind)
     return {router = 2 * H * E, routed_experts = 2 * 3 * H * Im * K,
             shared_experts = 2 * 3 * H * Im * (cfg.n_shared_experts or 0)}
 end
+M.mlp = mlp
 
-local function add(into, p, scale)
-    for k, v in pairs(p) do into[k] = (into[k] or 0) + v * (scale or 1) end
-end
 
 -- forward_per_token(cfg, seq, {mtp = 0}) -> {total = FLOPs, parts = {attn_proj, attn_core,
 -- indexer, dense_mlp, router, routed_experts, shared_experts, lm_head, mtp}, layers = {per layer
@@ -96,6 +176,7 @@ function M.forward_per_token(cfg, seq, opts)
     opts = opts or {}
     cfg = validated(cfg)
     check_seq(seq)
+    if cfg.model_type == 'glm5_next' then return flash_forward(cfg, seq) end
     local dsa = cfg.model_type == 'glm_moe_dsa'
     local topk = dsa and cfg.index_topk or nil
     local keys = mean_keys_seq(seq, topk)
