@@ -114,6 +114,15 @@ local function load_all(ck, opts)
     local fp8_dtype = opts.dtype or 'bf16'
     if not FLOAT[fp8_dtype] then fail(('load_checkpoint: dtype %s is not a float dtype'):format(tostring(fp8_dtype))) end
     local consumed = {}
+    local bm, bn = 128, 128
+    if opts.fp8_block ~= nil then
+        local b = opts.fp8_block
+        if type(b) ~= 'table' or type(b[1]) ~= 'number' or type(b[2]) ~= 'number' or b[1] < 1 or b[2] < 1
+            or b[1] ~= math.floor(b[1]) or b[2] ~= math.floor(b[2]) then
+            fail('load_checkpoint: fp8_block must be two positive integers {rows, cols}')
+        end
+        bm, bn = b[1], b[2]
+    end
     -- FP8 weights: a 1-byte float with a sibling <name>_scale_inv (DeepSeek's rule)
     for _, name in ipairs(names) do
         if FP8[info[name].dtype] then
@@ -122,16 +131,16 @@ local function load_all(ck, opts)
                 report.fp8_without_scale[#report.fp8_without_scale + 1] = name
             elseif dequantize then
                 local qi, si = info[name], info[sname]
-                local want1, want2 = math.ceil((qi.shape[1] or 0) / 128), math.ceil((qi.shape[2] or 0) / 128)
+                local want1, want2 = math.ceil((qi.shape[1] or 0) / bm), math.ceil((qi.shape[2] or 0) / bn)
                 if #qi.shape ~= 2 or #si.shape ~= 2 or si.shape[1] ~= want1 or si.shape[2] ~= want2 then
-                    fail(('load_checkpoint: %s: scale %s has shape (%s) but FP8 weight %s (%s) with 128x128 blocks '
+                    fail(('load_checkpoint: %s: scale %s has shape (%s) but FP8 weight %s (%s) with %dx%d blocks '
                         .. 'needs (%d, %d)'):format(si.file, sname, table.concat(si.shape, ', '), name,
-                        table.concat(qi.shape, ', '), want1, want2))
+                        table.concat(qi.shape, ', '), bm, bn, want1, want2))
                 end
                 local q, s = ck:tensor(name), ck:tensor(sname)
                 local qd, sd = q, s
                 if opts.device then qd, sd = q:to(opts.device), s:to(opts.device) end
-                out[name] = ops.fp8_block_dequant(qd, sd, {dtype = fp8_dtype})
+                out[name] = ops.fp8_block_dequant(qd, sd, {dtype = fp8_dtype, block = {bm, bn}})
                 q:free()
                 s:free()
                 consumed[sname] = true
@@ -162,11 +171,12 @@ local function load_all(ck, opts)
     return out, ck:metadata(), report
 end
 
--- load_checkpoint(path, {dtype=, device=, dequantize_fp8=true, quiet=false})
+-- load_checkpoint(path, {dtype=, device=, dequantize_fp8=true, fp8_block={128, 128}, quiet=false})
 --   -> {name = tensor}, metadata ({str = str} of the shards), report
 -- path: a .safetensors file, an index .json, or a directory. Without dtype/device the tensors are
 -- zero-copy views of the files; with dtype, floating tensors (not FP8 ones) are converted.
--- FP8 weights with a <name>_scale_inv sibling are dequantised in 128x128 blocks into dtype (bf16
+-- FP8 weights with a <name>_scale_inv sibling are dequantised in fp8_block blocks (the config's
+-- quantization_config.weight_block_size; 128x128 by default) into dtype (bf16
 -- when no dtype is given) and the scale tensors are consumed; FP8 weights without a scale are
 -- kept as stored and listed in report.fp8_without_scale (and on stderr unless quiet). report.
 -- dequantized lists the dequantised names. dequantize_fp8=false keeps weights and scales as

@@ -134,7 +134,7 @@ function M.load(dir, cfg, opts)
     opts = opts or {}
     local lio = require 'lunar.io'
     local mparams = require 'lunar.model.params'
-    local tensors, metadata = lio.load_checkpoint(dir, {quiet = opts.quiet})
+    local tensors, metadata = lio.load_checkpoint(dir, {quiet = opts.quiet, fp8_block = cfg.fp8_block})
     local fused, split = {}, {}
     for name, t in pairs(tensors) do
         local parts = mparams.split_fused_experts(name, t)

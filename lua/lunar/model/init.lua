@@ -102,7 +102,7 @@ function M.load(dir, opts)
         metadata, cut = source.metadata or {}, true
         for name, dt in pairs(source.fused or {}) do fused[name] = dt end
     else
-        tensors, metadata = io.load_checkpoint(dir, {quiet = opts.quiet})
+        tensors, metadata = io.load_checkpoint(dir, {quiet = opts.quiet, fp8_block = cfg.fp8_block})
         -- fused expert tensors (HF's in-memory layout) -> per-expert names
         local split = {}
         for name, t in pairs(tensors) do
