@@ -225,13 +225,29 @@ for _, name in ipairs(names) do
     end)
 end
 
+-- every B seeded random (B starts at zero, which would hide a misplaced adapter)
+local function random_b(set, seed)
+    for _, name in ipairs(set.order) do
+        local B = set.params:get(set.modules[name].b_name)
+        B:copy_(ops.mul(lunar.randn(B:size(), {rng = lunar.rng(seed)}), 0.2))
+    end
+end
+
+-- the adapters in dir loaded onto a fresh copy of fx's model: the same modules and tensors as set
+local function reload_same(fx, dir, set)
+    local model2 = lunar.model.load(FIX .. 'models/' .. fx.model)
+    local set2 = peft.load(model2, dir)
+    set2:eval()
+    local got, want = table.concat(set2.order, ','), table.concat(set.order, ',')
+    assert(got == want, 'adapters after reload: ' .. got)
+    for pname in set.params:names() do T.equal(set2.params:get(pname), set.params:get(pname), pname) end
+    return model2, set2
+end
+
 T:test('zero adapters for the fused experts: written for PEFT, skipped by load (same adapters, tensors, logits)', function()
     local fx = CASES.cases.glm5_partial
     local model, set = build(fx)
-    for _, name in ipairs(set.order) do
-        local B = set.params:get(set.modules[name].b_name)
-        B:copy_(ops.mul(lunar.randn(B:size(), {rng = lunar.rng(5)}), 0.2))
-    end
+    random_b(set, 5)
     set:eval()
     local dir = tmpdir()
     local ref = io_.load_checkpoint(FIX .. 'models/' .. fx.model .. '/reference.safetensors')
@@ -243,12 +259,7 @@ T:test('zero adapters for the fused experts: written for PEFT, skipped by load (
     local f = io_.safetensors_open(dir .. '/adapter_model.safetensors')
     T.equal(f:tensor('base_model.model.model.layers.3.mlp.experts.5.up_proj.lora_B.weight'), lunar.zeros(16, 2), 'a pad')
     f:close()
-    local model2 = lunar.model.load(FIX .. 'models/' .. fx.model)
-    local set2 = peft.load(model2, dir)
-    set2:eval()
-    local got, want = table.concat(set2.order, ','), table.concat(set.order, ',')
-    assert(got == want, 'adapters after reload: ' .. got)
-    for pname in set.params:names() do T.equal(set2.params:get(pname), set.params:get(pname), pname) end
+    local model2, set2 = reload_same(fx, dir, set)
     T.equal(model2:forward(batch, {keep = false}).logits, logits, 'logits after reload')
     os.execute(('rm -rf %q'):format(dir))
 end)
@@ -256,10 +267,7 @@ end)
 T:test('GLM-5.3-Flash: the fused experts written as PEFT saves them reload as the same per-expert adapters', function()
     local fx = CASES.cases.flash_partial
     local model, set = build(fx)
-    for _, name in ipairs(set.order) do
-        local B = set.params:get(set.modules[name].b_name)
-        B:copy_(ops.mul(lunar.randn(B:size(), {rng = lunar.rng(5)}), 0.2))
-    end
+    random_b(set, 5)
     set:eval()
     local dir = tmpdir()
     local ref = io_.load_checkpoint(FIX .. 'models/' .. fx.model .. '/reference.safetensors')
@@ -279,12 +287,7 @@ T:test('GLM-5.3-Flash: the fused experts written as PEFT saves them reload as th
     local B1 = B:view(2 * Im, 2 * r, E):select(3, 2)
     T.equal(B1:narrow(1, 1, Im):narrow(2, 1, r):contiguous(), set.params:get(ad.b_name), 'gate B of expert 1')
     T.equal(B1:narrow(2, r + 1, r):contiguous(), lunar.zeros(2 * Im, r), 'up B of expert 1')
-    local model2 = lunar.model.load(FIX .. 'models/' .. fx.model)
-    local set2 = peft.load(model2, dir)
-    set2:eval()
-    local got, want = table.concat(set2.order, ','), table.concat(set.order, ',')
-    assert(got == want, 'adapters after reload: ' .. got)
-    for pname in set.params:names() do T.equal(set2.params:get(pname), set.params:get(pname), pname) end
+    local model2, set2 = reload_same(fx, dir, set)
     T.equal(set2.modules[set2.order[1]].scale, set.modules[set.order[1]].scale, 'scale (rslora)')
     T.equal(model2:forward(batch, {keep = false}).logits, logits, 'logits after reload')
     -- a rank pattern lunar did not write is refused, naming it
@@ -299,10 +302,7 @@ end)
 T:test('what PEFT cannot apply: one line at save time and the merged model beside the adapters', function()
     local fx = CASES.cases.glm5_mtp
     local model, set = build(fx)
-    for _, name in ipairs(set.order) do
-        local B = set.params:get(set.modules[name].b_name)
-        B:copy_(ops.mul(lunar.randn(B:size(), {rng = lunar.rng(6)}), 0.2))
-    end
+    random_b(set, 6)
     local lines = {}
     local stderr = io.stderr
     io.stderr = {write = function(_, s) lines[#lines + 1] = s end}

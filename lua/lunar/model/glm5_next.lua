@@ -135,16 +135,7 @@ function M.load(dir, cfg, opts)
     local lio = require 'lunar.io'
     local mparams = require 'lunar.model.params'
     local tensors, metadata = lio.load_checkpoint(dir, {quiet = opts.quiet, fp8_block = cfg.fp8_block})
-    local fused, split = {}, {}
-    for name, t in pairs(tensors) do
-        local parts = mparams.split_fused_experts(name, t)
-        if parts then
-            fused[name] = t:dtype()
-            for k, v in pairs(parts) do split[k] = v end
-        end
-    end
-    for name in pairs(fused) do tensors[name] = nil end
-    for k, v in pairs(split) do tensors[k] = v end
+    local fused = mparams.split_all_fused(tensors)
     local spec = fparams.spec(cfg)
     local known, missing = {}, {}
     for _, s in ipairs(spec) do

@@ -104,16 +104,7 @@ function M.load(dir, opts)
     else
         tensors, metadata = io.load_checkpoint(dir, {quiet = opts.quiet, fp8_block = cfg.fp8_block})
         -- fused expert tensors (HF's in-memory layout) -> per-expert names
-        local split = {}
-        for name, t in pairs(tensors) do
-            local parts = params.split_fused_experts(name, t)
-            if parts then
-                fused[name] = t:dtype()
-                for k, v in pairs(parts) do split[k] = v end
-            end
-        end
-        for name in pairs(fused) do tensors[name] = nil end
-        for k, v in pairs(split) do tensors[k] = v end
+        fused = params.split_all_fused(tensors)
         names = tensors
     end
     local known, missing, missing_mtp, n_mtp = {}, {}, {}, 0

@@ -206,4 +206,21 @@ function M.split_fused_experts(name, t)
     return out
 end
 
+-- split_all_fused(tensors) -> fused: every fused expert tensor of a checkpoint's {name = tensor}
+-- replaced in place by its per-expert entries; fused maps each consumed name to its dtype (the
+-- export writes them back in that layout)
+function M.split_all_fused(tensors)
+    local fused, split = {}, {}
+    for name, t in pairs(tensors) do
+        local parts = M.split_fused_experts(name, t)
+        if parts then
+            fused[name] = t:dtype()
+            for k, v in pairs(parts) do split[k] = v end
+        end
+    end
+    for name in pairs(fused) do tensors[name] = nil end
+    for k, v in pairs(split) do tensors[k] = v end
+    return fused
+end
+
 return M

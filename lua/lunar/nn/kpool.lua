@@ -126,9 +126,15 @@ function KPool:select(x, q_resid, b)
     local out = {}
     for r = 1, B do
         local docs = b.docs[r]
+        local d, seen = nil, 0   -- the query's document, and its valid tokens up to the query
         for s = 0, T - 1 do
             local row = {}
             local vs = b.valid_host[(r - 1) * T + s + 1] ~= 0
+            if not (d and s >= d[1] and s < d[2]) then
+                d, seen = nil, 0
+                for _, dd in ipairs(docs) do if s >= dd[1] and s < dd[2] then d = dd break end end
+            end
+            if vs then seen = seen + 1 end
             if vs then
                 if picked then
                     for k = 1, K do
@@ -140,10 +146,7 @@ function KPool:select(x, q_resid, b)
                     end
                 end
                 if self.tail then
-                    local d
-                    for _, dd in ipairs(docs) do if s >= dd[1] and s < dd[2] then d = dd break end end
-                    local n = 0
-                    for t = d[1], s do n = n + b.valid_host[(r - 1) * T + t + 1] end
+                    local n = seen
                     local rem = n % kp
                     local first = d.anchor
                     for j = 0, rem - 1 do
