@@ -8,9 +8,9 @@
 -- pipeline parallelism), the BF16 weights (the FP8 release's blockwise scales are dropped by
 -- SkyRL's import). The full fine-tuning DAPO script (8 x 8 B200) is the dapo preset with
 -- peft=false hardware.nodes=8 hardware.gpu=B200 optim.lr=1e-6.
--- lunar builds the architecture (docs/flash.md) but not yet its generation, LoRA, tensor parallel
--- or CUDA kernels, and these are GPU jobs: written down, refused on one process
--- (recipes/common.lua check_runnable).
+-- lunar builds the architecture, its LoRA and its generation (docs/flash.md; preset=tiny_flash runs
+-- both RL recipes on a CPU) but not yet its tensor parallel or CUDA kernels, and these are GPU
+-- jobs: written down, refused on one process (recipes/common.lua check_runnable).
 local lora = {r = 128, alpha = 128, dropout = 0, targets = {'all-linear'}}
 local model = {path = '${LUNAR_MODELS}/GLM-5.3-Flash-BF16', hf_id = 'zai-org/GLM-5.3-Flash', dtype = 'bf16',
                device = 'cuda'}

@@ -6,6 +6,8 @@
 --   lunar recipes/sft.lua preset=tiny_flash
 --   lunar recipes/lora.lua preset=tiny_flash      (adapters in PEFT's layout for transformers' model)
 --   lunar recipes/pretrain.lua preset=tiny_flash
+--   lunar recipes/gsm8k.lua preset=tiny_flash     (GRPO, 12 samples per prompt, R3: SkyRL's Flash settings)
+--   lunar recipes/dapo.lua preset=tiny_flash
 -- Its config is the nested form transformers writes (text_config + a tiny vision_config, whose
 -- tower lunar never builds), so an exported model loads in transformers as
 -- Glm5NextForConditionalGeneration.
@@ -62,5 +64,30 @@ return {
         train = {steps = 200, log_every = 10},
         optim = {lr = 4e-3, min_lr = 4e-4, warmup = 20},
         checkpoint = {every = 100, keep_last = 2},
+    },
+    -- RL on the shipped GSM8K and DAPO-Math problems, three steps from the seeded init (the
+    -- pipeline end to end: the model answers nothing right), with the GLM-5.3-Flash scripts'
+    -- 12 samples per prompt and routing replay (R3)
+    grpo = {
+        data = {kind = 'prompt_answer', train = 'examples/data/rl/gsm8k_train.jsonl',
+                valid = 'examples/data/eval/gsm8k_test.jsonl', prompt_field = 'question', answer_field = 'answer',
+                template = 'glm5'},
+        rl = {reward = 'gsm8k', n = 12, prompts = 2, mini_batches = 2, micro_batch = 6, eval_limit = 8,
+              kl_coef = 0.001, kl_estimator = 'k3', routing_replay = true},
+        rollout = {max_prompt_len = 512, max_new_tokens = 48, temperature = 1.0},
+        train = {steps = 3, log_every = 1},
+        optim = {lr = 1e-4, min_lr = 1e-4, warmup = 0, schedule = 'constant', weight_decay = 0.01},
+        checkpoint = {every = 3, keep_last = 1},
+    },
+    dapo = {
+        data = {kind = 'prompt_answer', train = 'examples/data/rl/dapo_math_17k_first2000.jsonl',
+                prompt_field = 'problem', answer_field = 'answer', template = 'glm5'},
+        rl = {reward = 'dapo', n = 12, prompts = 2, mini_batches = 1, micro_batch = 6, eps_low = 0.2, eps_high = 0.28,
+              dual_clip = 10, loss_reduction = 'token-mean', dynamic_sampling = true, max_gen_batches = 2,
+              overlong_buffer = 16, overlong_penalty = 1.0, routing_replay = true},
+        rollout = {max_prompt_len = 1024, max_new_tokens = 48, temperature = 1.0},
+        train = {steps = 3, log_every = 1},
+        optim = {lr = 1e-4, min_lr = 1e-4, warmup = 0, schedule = 'constant', weight_decay = 0.1},
+        checkpoint = {every = 3, keep_last = 1},
     },
 }

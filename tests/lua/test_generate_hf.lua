@@ -1,7 +1,8 @@
 -- test_generate_hf.lua: lunar's KV-cached greedy decoding gives the token ids of transformers
 -- 5.25.0 `generate` (greedy, f32, CPU, its own KV cache) on fixture checkpoints:
 -- tests/fixtures/generate/hf_greedy.json, made by tests/ref/make_generate_refs.py. GLM-5 cases
--- have prompts longer than index_topk (DSA drops keys at every step), glm4moe is GLM-4.x. HF ran
+-- have prompts longer than index_topk (DSA drops keys at every step), glm4moe is GLM-4.x, flash_a
+-- and flash_b GLM-5.3-Flash (KDA state, k-pool DSA with and without the tail, mHC). HF ran
 -- each prompt alone; lunar prefills all of a case's prompts in one packed batch and decodes them
 -- together, with a plain greedy loop over lunar.generate.decode.
 local lunar = require 'lunar'
@@ -19,7 +20,9 @@ local function argmax(row)
 end
 
 local function greedy(model, prompts, n_new, block_size)
-    local cache = Cache.new(model, {budget_bytes = 2^20, block_size = block_size, max_seq_len = 128})
+    -- (max_sequences: GLM-5.3-Flash keeps each sequence's KDA state in a slot; the others ignore it)
+    local cache = Cache.new(model, {budget_bytes = 2^20, block_size = block_size, max_seq_len = 128,
+                                    max_sequences = #prompts})
     local seqs = {}
     for i = 1, #prompts do seqs[i] = cache:new_sequence() end
     local logits = decode.prefill(cache, seqs, prompts).logits
@@ -37,7 +40,7 @@ local function greedy(model, prompts, n_new, block_size)
     return gen
 end
 
-for _, case in ipairs({'glm5_dsa', 'glm5_bf16', 'glm4moe'}) do
+for _, case in ipairs({'glm5_dsa', 'glm5_bf16', 'glm4moe', 'flash_a', 'flash_b'}) do
     T:test(case .. ': greedy ids equal transformers generate', function()
         local ref = REF.cases[case]
         assert(ref, 'no reference for ' .. case)
@@ -49,7 +52,7 @@ for _, case in ipairs({'glm5_dsa', 'glm5_bf16', 'glm4moe'}) do
                 assert(#row.prompt > ref.index_topk, 'prompt not longer than index_topk')
             end
         end
-        local gen = greedy(model, prompts, REF.max_new_tokens, 4)
+        local gen = greedy(model, prompts, REF.max_new_tokens, model.cfg.index_kpool and 8 or 4)
         for i, row in ipairs(ref.prompts) do
             assert(#gen[i] == #row.generated)
             for s, t in ipairs(row.generated) do

@@ -313,15 +313,40 @@ T:test('the FP8 block-scaled form loads as exactly the BF16 weights it encodes',
     os.execute(('rm -rf %q %q'):format(d8, d16))
 end)
 
-T:test('what is not built yet is refused in one line: generation, tensor and expert parallel', function()
-    local model = lunar.model.load(ROOT .. 'flash_b')
-    T.raises(function() require('lunar.generate').run(model, {{1, 2, 3}}, {max_new_tokens = 2}) end,
-        'GLM-5.3-Flash (glm5_next) generation is not implemented')
-    T.raises(function() require('lunar.generate.cache').new(model, {budget_bytes = 2^20}) end,
-        'GLM-5.3-Flash (glm5_next) has no cache')
+T:test('split layouts: this rank\'s blocks by heads; what is not built yet is refused in one line', function()
+    local cfg = lunar.model.config.from_table(read_config('flash_a'), 'flash_a')
+    local fparams = require 'lunar.model.glm5_next_params'
+    local whole, split = {}, {}
+    for _, s in ipairs(fparams.spec(cfg)) do whole[s.name] = s end
+    for _, s in ipairs(fparams.spec(cfg, {tp = {rank = 1, size = 2}, experts = {first = 4, count = 4}})) do split[s.name] = s end
+    local a = 'model.language_model.layers.0.self_attn.'
+    -- KDA by heads: q/k/v and their convs, f_b, dt_bias, A_log, b, g_b by rows; o_proj by columns
+    for _, n in ipairs({'q_proj.weight', 'q_conv1d.weight', 'f_b_proj.weight', 'dt_bias', 'A_log', 'b_proj.weight',
+                        'g_b_proj.weight'}) do
+        local s = split[a .. n]
+        assert(s.slice and s.slice.dim == 1 and s.slice.start == s.shape[1] and s.full_shape[1] == 2 * s.shape[1], n)
+        T.equal(#s.shape, #whole[a .. n].shape, n .. ': the same rank')
+    end
+    assert(split[a .. 'o_proj.weight'].slice.dim == 2, 'o_proj by columns')
+    for _, n in ipairs({'f_a_proj.weight', 'g_a_proj.weight', 'o_norm.weight'}) do
+        assert(not split[a .. n].slice, n .. ' whole')
+    end
+    -- this rank's experts only
+    assert(split['model.language_model.layers.1.mlp.experts.4.gate_proj.weight'] and
+           not split['model.language_model.layers.1.mlp.experts.3.gate_proj.weight'], 'experts 4..7')
     local fake = {size = function() return 2 end, rank = function() return 0 end}
-    T.raises(function() lunar.model.load(ROOT .. 'flash_b', {tp = fake}) end, 'under tp = 2 is not implemented')
-    T.raises(function() lunar.model.load(ROOT .. 'flash_b', {ep = fake}) end, 'under ep = 2 is not implemented')
+    T.raises(function() lunar.model.load(ROOT .. 'flash_b', {tp = fake, sequence_parallel = true}) end,
+        'with sequence_parallel is not implemented for glm5_next')
+    T.raises(function() lunar.model.load(ROOT .. 'flash_b', {tp = fake, split_indexer = true}) end,
+        'with split_indexer is not implemented for glm5_next')
+    local model = lunar.model.load(ROOT .. 'flash_b')
+    local ids = lunar.tensor({{1, 2, 3, 4}}, 'i64')
+    T.raises(function() model:forward({input_ids = ids, key_lists = lunar.tensor({{{0}}}, 'i64')}) end,
+        'batch.key_lists is not supported by glm5_next')
+    T.raises(function() model:forward({input_ids = ids, position_ids = lunar.tensor({{0, 1, 0, 1}}, 'i64')}) end,
+        'position_ids (restarting without cu_seqlens)')
+    -- positions that say nothing more are taken
+    model:forward({input_ids = ids, position_ids = lunar.tensor({{0, 1, 2, 3}}, 'i64')})
 end)
 
 os.exit(T:run())

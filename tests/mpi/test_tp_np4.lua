@@ -26,9 +26,12 @@ end)
 
 T:test('one step at tp=4 and tp=2 x dp=2 equals one rank (the tiny GLM-5: MLA, DSA, MoE)', function()
     report('tp=4 GLM-5', dpc.layout_step(T, {tp = 4}))
-    report('tp=2 x dp=2 GLM-5, index_topk 64', dpc.layout_step(T, {tp = 2}, {index_topk = 64}))
-    report('tp=2 x dp=2 GLM-5, index_topk 64, indexer heads split', dpc.layout_step(T, {tp = 2, split_indexer = true},
-        {index_topk = 64}))
+    -- (index_topk 80: at 64 one query's 64th and 65th keys score within rounding of each other
+    -- under OpenBLAS's AVX-512 sgemm, so the two sides pick different keys; a comparison of exact
+    -- results needs a selection without a near tie)
+    report('tp=2 x dp=2 GLM-5, index_topk 80', dpc.layout_step(T, {tp = 2}, {index_topk = 80}))
+    report('tp=2 x dp=2 GLM-5, index_topk 80, indexer heads split', dpc.layout_step(T, {tp = 2, split_indexer = true},
+        {index_topk = 80}))
 end)
 
 T:test('one step at tp=2 x ep=2, tp=4 x ep=2 and tp=2 x ep=4 (replayed routes) equals one rank', function()

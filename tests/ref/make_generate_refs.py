@@ -34,7 +34,7 @@ import transformers  # noqa: E402
 if transformers.__version__ != PINNED_TRANSFORMERS:
     sys.exit(f"make_generate_refs.py: transformers {PINNED_TRANSFORMERS} is required, found {transformers.__version__}")
 
-from transformers import AutoModelForCausalLM  # noqa: E402
+from transformers import AutoModelForCausalLM, Glm5NextForConditionalGeneration  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS = os.path.join(REPO, "tests", "fixtures", "models")
@@ -47,6 +47,8 @@ CASES = {
     "glm5_dsa": [6, 11, 19],        # index_topk 4
     "glm5_bf16": [50, 57, 66],      # index_topk 48; the trained model (clear top-1 margins)
     "glm4moe": [5, 12, 20],
+    "flash_a": [14, 21, 30],        # GLM-5.3-Flash: index_topk 8, index_kpool 4 with the tail
+    "flash_b": [9, 16, 25],         # index_topk 6, index_kpool 2, no tail
 }
 SEED = 2024
 
@@ -55,7 +57,12 @@ torch.use_deterministic_algorithms(True)
 
 
 def load(case):
-    model = AutoModelForCausalLM.from_pretrained(
+    path = os.path.join(MODELS, case)
+    with open(os.path.join(path, "config.json")) as f:
+        flash = json.load(f).get("model_type") == "glm5_next"
+    # GLM-5.3-Flash: transformers' only class with an LM head is the vision-language one
+    cls = Glm5NextForConditionalGeneration if flash else AutoModelForCausalLM
+    model = cls.from_pretrained(
         os.path.join(MODELS, case), attn_implementation="eager", experts_implementation="eager",
         dtype=torch.float32, use_kernels=False)
     model.eval()
@@ -95,7 +102,7 @@ def build():
     for case in CASES:
         model = load(case)
         cfg = model.config
-        prompts = prompts_for(case, cfg.vocab_size)
+        prompts = prompts_for(case, getattr(cfg, "text_config", cfg).vocab_size)
         rows = []
         for p in prompts:
             with torch.no_grad():
@@ -107,7 +114,8 @@ def build():
                 raise SystemExit(f"{case}: top-1 margin {margin:.3g} below {MARGIN} (choose another seed)")
             rows.append({"prompt": p, "generated": new, "min_margin": round(margin, 6)})
             print(f"{case}: prompt {len(p)} tokens -> {new[:8]}... min top-1 margin {margin:.3g}")
-        entry = {"index_topk": getattr(cfg, "index_topk", None), "prompts": rows}
+        text = getattr(cfg, "text_config", cfg)
+        entry = {"index_topk": getattr(text, "index_topk", None), "prompts": rows}
         result["cases"][case] = entry
     return result
 

@@ -152,11 +152,26 @@ local function mla_decode(a, cl, cache, xn, step, prev_sel)
         sel = false
     end
     local q = a.q_b_proj:forward(q_resid, lo):view({B, NH, Dn + Dr})
+    return M.absorbed(a, cl.kv, cache, q, step, sel, function(q_rot, out)
+        ops.rope(q_rot:unsqueeze(2), step.positions, step.inv_freq, {layout = ropt.layout, scale = ropt.scale, out = out})
+    end), sel
+end
+
+-- The weight-absorbed attention of MLA layer a (the header) for one query per sequence:
+-- q (B, NH, Dn + Dr) the q_b_proj output, kv the cache's latent rows [c | k_rot] (Dr = 0: the
+-- latent alone, GLM-5.3-Flash's NoPE MLA), sel (B, 1, K) positions or false (all), rope(q_rot,
+-- out) writes the rotated query part (Dr > 0 only). -> o_proj's output (B, H).
+function M.absorbed(a, kv, cache, q, step, sel, rope)
+    local v = step.view
+    local B, NH, Dn, Dv, Rkv = v.B, a.NH, a.Dn, a.Dv, a.Rkv
+    local Dr = a.Dr or 0
+    local lo = step.linear
     local dt = q:dtype()
+    local xn_dev = q:device()
     -- absorbed query [W_uk^T q_nope | RoPE(q_rot)] (B, 1, NH, Rkv + Dr)
     local W = a.store:get(a.kv_b_proj.wname):view({NH, Dn + Dv, Rkv})
     local ad = kvb_adapter(a)
-    local qq = core.empty({B, 1, NH, Rkv + Dr}, dt, xn:device())
+    local qq = core.empty({B, 1, NH, Rkv + Dr}, dt, xn_dev)
     local q_nope = q:narrow(3, 1, Dn):transpose(1, 2)                    -- (NH, B, Dn)
     local q_abs = qq:view({B, NH, Rkv + Dr}):narrow(3, 1, Rkv):transpose(1, 2)  -- (NH, B, Rkv)
     ops.gemm(q_nope, W:narrow(2, 1, Dn), {out = q_abs, row_invariant = true})
@@ -168,13 +183,12 @@ local function mla_decode(a, cl, cache, xn, step, prev_sel)
         local d = ops.gemm(qb, ad.A, {alpha = ad.scale, row_invariant = true})                       -- (NH, B, Rkv)
         ops.add_(q_abs, d)
     end
-    ops.rope(q:narrow(3, Dn + 1, Dr):unsqueeze(2), step.positions, step.inv_freq,
-        {layout = ropt.layout, scale = ropt.scale, out = qq:narrow(4, Rkv + 1, Dr)})
+    if Dr > 0 then rope(q:narrow(3, Dn + 1, Dr), qq:narrow(4, Rkv + 1, Dr)) end
     -- attention over the latents, read in place: one key/value head for all NH query heads
-    local o = ops.attention_paged(qq:view({B, NH, Rkv + Dr}), cl.kv, cl.kv:narrow(2, 1, Rkv), v.table, v.lengths,
+    local o = ops.attention_paged(qq:view({B, NH, Rkv + Dr}), kv, kv:narrow(2, 1, Rkv), v.table, v.lengths,
         {block_size = cache.block_size, keys = sel and sel:view({B, sel:size(3)}) or nil, scale = a.scaling})  -- (B, NH, Rkv)
     -- per head W_uv (sum_t p_t c_t): (NH, B, Rkv) x (NH, Dv, Rkv)^T -> (B, NH, Dv)
-    local ob = core.empty({B, NH, Dv}, dt, xn:device())
+    local ob = core.empty({B, NH, Dv}, dt, xn_dev)
     local o_t = o:view({B, NH, Rkv}):transpose(1, 2)
     ops.gemm(o_t, W:narrow(2, Dn + 1, Dv), {trans_b = true, out = ob:transpose(1, 2), row_invariant = true})
     if ad then
@@ -184,7 +198,7 @@ local function mla_decode(a, cl, cache, xn, step, prev_sel)
             {trans_b = true, alpha = ad.scale, row_invariant = true})
         ops.add_(ob:transpose(1, 2), d)
     end
-    return a.o_proj:forward(ob:view({B, NH * Dv}), lo), sel
+    return (a.o_proj:forward(ob:view({B, NH * Dv}), lo))
 end
 
 local function gqa_decode(a, cl, cache, xn, step)

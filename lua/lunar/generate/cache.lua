@@ -19,9 +19,17 @@
 --                 have none. The MTP layer is not used by generation and has no cache.
 --   GLM-4.x (GQA) k: the keys after qk-norm and partial RoPE (num_key_value_heads x head_dim);
 --                 v: the values (num_key_value_heads x head_dim).
--- Each of these is one (blocks * block_size, width) tensor in one arena allocated by new(); a
--- block is block_size consecutive rows of every such tensor. bytes_per_token() is the sum of the
--- widths times the dtype's size.
+--   GLM-5.3-Flash (glm5_next; its layout is lunar.generate.flash's): on NoPE MLA layers the
+--                 latent (kv_lora_rank); on full DSA layers one pooled indexer key per complete
+--                 pool of index_kpool tokens (f32, written once when the pool completes); and per
+--                 sequence, not per token: each KDA layer's recurrent state and conv history, each
+--                 full DSA layer's raw keys and gates of the pool still filling (f32).
+-- Each per-token entry is one (blocks * block_size, width) tensor in one arena allocated by
+-- new(), a pooled one (blocks * block_size / every, width); a block is block_size consecutive
+-- tokens of every such tensor. A per-sequence entry is one (max_sequences, ...) tensor: a
+-- sequence holds one slot of each from new_sequence to free. bytes_per_token() is the sum of the
+-- per-token widths times the dtype's size (a pooled width counts 1 / every);
+-- bytes_per_sequence() the per-sequence entries' bytes.
 --
 -- Sequences own lists of blocks (their block table); token j of a sequence is row j % block_size
 -- of its block j // block_size. A block is zeroed when it is handed to a sequence (rows are
@@ -30,15 +38,20 @@
 -- blocks of the old one and a copy of its partly filled last block, so nothing shared is ever
 -- written (a sequence only writes past its length, in its last block or a fresh one).
 --
---   Cache.new(model, opts)             opts: budget_bytes (required), block_size (16),
---                                      max_seq_len (the config's max_position_embeddings): the
---                                      longest sequence; a budget that cannot hold one such
---                                      sequence is an error saying how many bytes it needs.
+--   Cache.new(model, opts)             opts: budget_bytes (required), block_size (16, or the
+--                                      least multiple of 16 that every pooled entry's `every`
+--                                      divides), max_seq_len (the config's
+--                                      max_position_embeddings): the longest sequence;
+--                                      max_sequences: the sequences alive at once (required
+--                                      when the model keeps per-sequence state, unused
+--                                      otherwise); a budget that cannot hold one such sequence (and
+--                                      the slots) is an error saying how many bytes it needs.
 --   Cache.plan(model, opts)            -> {bytes_per_token, block_size, blocks, tokens, bytes, overhead_bytes
 --                                      (the budget no block can use: alignment of each tensor),
 --                                      layers = {{kv = width, ik = width} | {k =, v =}, ...}}
 --                                      without allocating anything (the same checks as new)
 --   cache:bytes_per_token()            bytes one token takes over all layers
+--   cache:bytes_per_sequence()         bytes a sequence's own state takes (0 without any)
 --   cache:capacity()                   tokens the budget holds (blocks * block_size)
 --   cache:summary()                    one line with both and the budget
 --   cache:new_sequence() -> id         cache:free(id)      cache:fork(id) -> id
@@ -65,8 +78,12 @@ local ALIGN = 64          -- the arena aligns each tensor to 64 bytes (host/core
 
 local function is_int(v) return type(v) == 'number' and v == math.floor(v) end
 
--- The rows a token keeps per layer: a list, per decoder layer, of {name, width} pairs.
+-- What a token keeps per layer: a list, per decoder layer, of entries {name, width} (one row of
+-- `width` per token, in the model's dtype), or a family's own (lunar.generate.flash): {name,
+-- width, per = 'pool', every = n, dtype =} one row per n tokens, {name, shape = {...}, per =
+-- 'sequence', dtype =} one tensor of that shape per sequence.
 local function layer_layout(model)
+    if model.decode_module then return require(model.decode_module).cache_layout(model) end
     local layout = {}
     for i, L in ipairs(model.layers) do
         local a = L.attn
@@ -84,20 +101,35 @@ end
 
 local function mib(b) return ('%.1f MiB'):format(b / 2^20) end
 
+local function numel(shape)
+    local n = 1
+    for _, d in ipairs(shape) do n = n * d end
+    return n
+end
+
+local function gcd(a, b) while b ~= 0 do a, b = b, a % b end return a end
+
 function Cache.plan(model, opts)
     opts = opts or {}
     if type(model) ~= 'table' or not model.layers or not model.cfg then
         fail('kv cache: the first argument must be a lunar model (lunar.model.load / new)')
     end
-    if model.cfg.model_type == 'glm5_next' then
-        fail('kv cache: GLM-5.3-Flash (glm5_next) has no cache in this version of lunar (its KDA states and '
-            .. 'pooled keys are not built yet)')
-    end
     local budget = opts.budget_bytes
     if not is_int(budget) or budget <= 0 then
         fail(('kv cache: budget_bytes must be a positive whole number of bytes, got %s'):format(tostring(budget)))
     end
-    local bs = opts.block_size or 16
+    local dtype = model.dtype
+    local es = DTYPE_BYTES[dtype]
+    if not es then fail(('kv cache: no cache for models of dtype %s'):format(tostring(dtype))) end
+    local layout = layer_layout(model)
+    -- the pooled entries' strides: the default block size is a multiple of every one
+    local every = 1
+    for _, rows in ipairs(layout) do
+        for _, r in ipairs(rows) do
+            if r.per == 'pool' then every = every * r.every / gcd(every, r.every) end
+        end
+    end
+    local bs = opts.block_size or 16 * every / gcd(16, every)
     if not is_int(bs) or bs < 1 then
         fail(('kv cache: block_size must be a positive integer, got %s'):format(tostring(bs)))
     end
@@ -109,72 +141,117 @@ function Cache.plan(model, opts)
     if max_pos and max_len > max_pos then
         fail(('kv cache: max_seq_len %d exceeds the model\'s max_position_embeddings %d'):format(max_len, max_pos))
     end
-    local dtype = model.dtype
-    local es = DTYPE_BYTES[dtype]
-    if not es then fail(('kv cache: no cache for models of dtype %s'):format(tostring(dtype))) end
-    local layout = layer_layout(model)
-    local width, ntensors = 0, 0
+    local block_bytes, seq_bytes, ntensors = 0, 0, 0
     local layers = {}
     for i, rows in ipairs(layout) do
         layers[i] = {}
         for _, r in ipairs(rows) do
-            width, ntensors = width + r[2], ntensors + 1
-            layers[i][r[1]] = r[2]
+            local name = r[1]
+            local size = DTYPE_BYTES[r.dtype or dtype]
+            ntensors = ntensors + 1
+            if r.per == 'sequence' then
+                seq_bytes = seq_bytes + numel(r.shape) * size
+                layers[i][name] = r.shape
+            elseif r.per == 'pool' then
+                if bs % r.every ~= 0 then
+                    fail(('kv cache: block_size %d is not a multiple of %d, the tokens of one pooled %s row (index_kpool)'):format(
+                        bs, r.every, name))
+                end
+                block_bytes = block_bytes + r[2] * size * bs / r.every
+                layers[i][name] = r[2]
+            else
+                block_bytes = block_bytes + r[2] * size * bs
+                layers[i][name] = r[2]
+            end
         end
     end
-    local bpt = width * es
-    local block_bytes = bpt * bs
+    local nseq = opts.max_sequences
+    if seq_bytes > 0 then
+        if not is_int(nseq) or nseq < 1 then
+            fail(('kv cache: this model keeps %d bytes of state per sequence; max_sequences (the sequences alive '
+                .. 'at once) must be a positive integer, got %s'):format(seq_bytes, tostring(nseq)))
+        end
+    else
+        nseq = 0   -- (a model without per-sequence state has no slots to count)
+    end
+    local bpt = block_bytes / bs
     local overhead = ntensors * ALIGN
-    local blocks = math.floor((budget - overhead) / block_bytes)
+    local blocks = math.floor((budget - overhead - nseq * seq_bytes) / block_bytes)
     if blocks < 0 then blocks = 0 end
     local need_blocks = math.ceil(max_len / bs)
     if blocks < need_blocks then
-        fail(('kv cache: budget_bytes = %d (%s) holds %d tokens (%d bytes per token, blocks of %d tokens); '
+        local need = need_blocks * block_bytes + overhead + nseq * seq_bytes
+        fail(('kv cache: budget_bytes = %d (%s) holds %d tokens (%s bytes per token, blocks of %d tokens%s); '
             .. 'one sequence of max_seq_len = %d tokens needs %d bytes (%s)'):format(budget, mib(budget),
-            blocks * bs, bpt, bs, max_len, need_blocks * block_bytes + overhead, mib(need_blocks * block_bytes + overhead)))
+            blocks * bs, tostring(bpt), bs,
+            nseq > 0 and (', after %d sequence slots of %d bytes'):format(nseq, seq_bytes) or '',
+            max_len, need, mib(need)))
     end
-    return {bytes_per_token = bpt, block_size = bs, blocks = blocks, tokens = blocks * bs, max_seq_len = max_len,
-            bytes = blocks * block_bytes, budget_bytes = budget, overhead_bytes = overhead, dtype = dtype, layers = layers,
-            layout = layout}
+    return {bytes_per_token = bpt, bytes_per_sequence = seq_bytes, max_sequences = nseq, block_size = bs,
+            blocks = blocks, tokens = blocks * bs, max_seq_len = max_len,
+            bytes = blocks * block_bytes + nseq * seq_bytes, budget_bytes = budget, overhead_bytes = overhead,
+            dtype = dtype, layers = layers, layout = layout}
 end
 
 function Cache.new(model, opts)
     local plan = Cache.plan(model, opts)
-    local P = plan.blocks * plan.block_size
+    local P, S = plan.blocks * plan.block_size, plan.max_sequences
+    -- each entry's tensor shape and dtype
+    local shapes = {}
     local bytes = 0
-    for _, rows in ipairs(plan.layout) do
-        for _, r in ipairs(rows) do
-            bytes = bytes + math.ceil(P * r[2] * DTYPE_BYTES[plan.dtype] / ALIGN) * ALIGN
+    for i, rows in ipairs(plan.layout) do
+        shapes[i] = {}
+        for k, r in ipairs(rows) do
+            local dt = r.dtype or plan.dtype
+            local shape
+            if r.per == 'sequence' then
+                shape = {S}
+                for _, d in ipairs(r.shape) do shape[#shape + 1] = d end
+            elseif r.per == 'pool' then shape = {P / r.every, r[2]}
+            else shape = {P, r[2]} end
+            shapes[i][k] = {shape = shape, dtype = dt}
+            bytes = bytes + math.ceil(numel(shape) * DTYPE_BYTES[dt] / ALIGN) * ALIGN
         end
     end
     local arena = core.arena_new('kv_cache', bytes, model:device())
-    local layers = {}
+    local layers, paged, states = {}, {}, {}
     for i, rows in ipairs(plan.layout) do
         local t = {}
-        for _, r in ipairs(rows) do
-            t[r[1]] = arena:tensor({P, r[2]}, plan.dtype, ('kv_cache.%d.%s'):format(i - 1, r[1]))
+        for k, r in ipairs(rows) do
+            local sh = shapes[i][k]
+            local x = arena:tensor(sh.shape, sh.dtype, ('kv_cache.%d.%s'):format(i - 1, r[1]))
+            t[r[1]] = x
+            if r.per == 'sequence' then states[#states + 1] = x
+            else paged[#paged + 1] = {t = x, rows = r.per == 'pool' and plan.block_size / r.every or plan.block_size} end
         end
         layers[i] = t
     end
     local self = setmetatable({
-        model = model, plan = plan, arena = arena, layers = layers,
+        model = model, plan = plan, arena = arena, layers = layers, paged = paged, states = states,
         block_size = plan.block_size, nblocks = plan.blocks, max_seq_len = plan.max_seq_len,
-        free_list = {}, refs = {}, seqs = {}, next_id = 1,
+        free_list = {}, refs = {}, seqs = {}, next_id = 1, free_slots = {},
     }, Cache)
     -- the free list is a stack: block 0 is handed out first
     for b = plan.blocks - 1, 0, -1 do self.free_list[#self.free_list + 1] = b end
     for b = 0, plan.blocks - 1 do self.refs[b] = 0 end
+    for q = S - 1, 0, -1 do self.free_slots[#self.free_slots + 1] = q end
     return self
 end
 
 function Cache:bytes_per_token() return self.plan.bytes_per_token end
+function Cache:bytes_per_sequence() return self.plan.bytes_per_sequence end
 function Cache:capacity() return self.nblocks * self.block_size end
 function Cache:free_blocks() return #self.free_list end
 
 function Cache:summary()
     local p = self.plan
-    return ('kv cache: %d bytes per token (%s), budget %s holds %d tokens in %d blocks of %d; max_seq_len %d'):format(
-        p.bytes_per_token, p.dtype, mib(p.budget_bytes), p.tokens, p.blocks, p.block_size, p.max_seq_len)
+    local line = ('kv cache: %s bytes per token (%s), budget %s holds %d tokens in %d blocks of %d; max_seq_len %d'):format(
+        tostring(p.bytes_per_token), p.dtype, mib(p.budget_bytes), p.tokens, p.blocks, p.block_size, p.max_seq_len)
+    if p.bytes_per_sequence > 0 then
+        line = line .. ('; %d bytes of state per sequence (%s), %d sequences'):format(p.bytes_per_sequence,
+            mib(p.bytes_per_sequence), p.max_sequences)
+    end
+    return line
 end
 
 local function seq_of(self, id, who)
@@ -186,9 +263,17 @@ end
 
 function Cache:new_sequence()
     if not self.arena then fail('kv cache: new_sequence: the cache was released') end
+    local slot
+    if #self.states > 0 then
+        if #self.free_slots == 0 then
+            fail(('kv cache: new_sequence: all %d sequence slots are taken (max_sequences); free a sequence first'):format(
+                self.plan.max_sequences))
+        end
+        slot = table.remove(self.free_slots)
+    end
     local id = self.next_id
     self.next_id = id + 1
-    self.seqs[id] = {blocks = {}, len = 0}
+    self.seqs[id] = {blocks = {}, len = 0, slot = slot}
     return id
 end
 
@@ -206,14 +291,11 @@ function Cache:blocks_needed(id, n)
     return math.ceil((s.len + n) / self.block_size) - #s.blocks
 end
 
--- a block from the free list, zeroed in every cache tensor
+-- a block from the free list, zeroed in every paged cache tensor
 local function take_block(self)
     local b = table.remove(self.free_list)
     self.refs[b] = 1
-    local bs = self.block_size
-    for _, t in ipairs(self.layers) do
-        for _, x in pairs(t) do x:narrow(1, b * bs + 1, bs):fill_(0) end
-    end
+    for _, p in ipairs(self.paged) do p.t:narrow(1, b * p.rows + 1, p.rows):fill_(0) end
     return b
 end
 
@@ -226,6 +308,7 @@ end
 function Cache:free(id)
     local s = seq_of(self, id, 'kv cache: free')
     for _, b in ipairs(s.blocks) do drop_block(self, b) end
+    if s.slot then self.free_slots[#self.free_slots + 1] = s.slot end
     self.seqs[id] = nil
 end
 
@@ -236,13 +319,18 @@ function Cache:fork(id)
     if partial and #self.free_list == 0 then
         fail(('kv cache: fork of sequence %d needs a free block for its partly filled last block; none is free'):format(id))
     end
+    if #self.states > 0 and #self.free_slots == 0 then
+        fail(('kv cache: fork of sequence %d needs a free sequence slot for its state; all %d are taken (max_sequences)'):format(
+            id, self.plan.max_sequences))
+    end
     local nid = self:new_sequence()
     local n = self.seqs[nid]
+    for _, x in ipairs(self.states) do x:select(1, n.slot + 1):copy_(x:select(1, s.slot + 1)) end
     for i, b in ipairs(s.blocks) do
         if i == #s.blocks and partial then
             local c = take_block(self)
-            for _, t in ipairs(self.layers) do
-                for _, x in pairs(t) do x:narrow(1, c * bs + 1, bs):copy_(x:narrow(1, b * bs + 1, bs)) end
+            for _, p in ipairs(self.paged) do
+                p.t:narrow(1, c * p.rows + 1, p.rows):copy_(p.t:narrow(1, b * p.rows + 1, p.rows))
             end
             n.blocks[i] = c
         else
@@ -258,6 +346,7 @@ function Cache:release()
     if self.arena then
         self.arena:free()
         self.arena, self.layers, self.seqs, self.free_list = nil, {}, {}, {}
+        self.paged, self.states, self.free_slots = {}, {}, {}
     end
 end
 
@@ -340,11 +429,24 @@ function Cache:write(t, slots, rows)
     ops.index_add_(t, 1, slots, rows)
 end
 
--- gather(t, view) -> (B, Lpad, width): each sequence's blocks of cache tensor t, in order
+-- gather(t, view) -> (B, Lpad, width): each sequence's blocks of cache tensor t, in order (a
+-- pooled tensor: (B, Lpad / every, width))
 function Cache:gather(t, v)
-    local bs, W = self.block_size, t:size(2)
-    local g = ops.index_select(t:view(self.nblocks, bs * W), 1, v.block_ids)
-    return g:view(v.B, v.Lpad, W)
+    local rows, W = t:size(1) / self.nblocks, t:size(2)
+    local g = ops.index_select(t:view(self.nblocks, rows * W), 1, v.block_ids)
+    return g:view(v.B, v.nblk * rows, W)
+end
+
+-- slot(id) -> the sequence's slot (0-based) in the per-sequence tensors
+function Cache:slot(id) return self.seqs[id].slot end
+
+-- pool_row(id, p, every) -> the row (0-based) of pool p (0-based) of the sequence in a pooled
+-- tensor of stride `every`; the pool's block must be the sequence's already
+function Cache:pool_row(id, p, every)
+    local bs = self.block_size
+    local s = self.seqs[id]
+    local first = p * every
+    return s.blocks[math.floor(first / bs) + 1] * (bs / every) + (first % bs) / every
 end
 
 return Cache

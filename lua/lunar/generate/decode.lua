@@ -130,6 +130,10 @@ local function run_layers(model, cache, x, want_routing, mopts, layer_fn)
     return x, want_routing and routing or nil
 end
 
+-- a model family's own generation (lunar.generate.flash for GLM-5.3-Flash), or nil: GLM-5's and
+-- GLM-4.x's, below
+local function family(model) return model.decode_module and require(model.decode_module) end
+
 -- the packed forward of prefill, after the checks and the cache's append
 local function prefill_run(model, cache, lists, slots_list, opts)
     local dev = model:device()
@@ -186,6 +190,8 @@ function M.prefill(cache, seqs, prompts, opts)
     end
     local slots_list = cache:append(seqs, counts, who)
     -- everything but the results goes back to the pool on return (the (N, N) mask included)
+    local impl = family(model)
+    if impl then return lunar.scope(impl.prefill, model, cache, seqs, lists, slots_list, opts) end
     return lunar.scope(prefill_run, model, cache, lists, slots_list, opts)
 end
 
@@ -228,6 +234,8 @@ function M.step(cache, seqs, tokens, opts)
     local ones = {}
     for i = 1, #seqs do ones[i] = 1 end
     local slots_list, starts = cache:append(seqs, ones, who)
+    local impl = family(model)
+    if impl then return lunar.scope(impl.step, model, cache, seqs, list, slots_list, starts, opts) end
     return lunar.scope(step_run, model, cache, seqs, list, slots_list, starts, opts)
 end
 

@@ -183,10 +183,6 @@ function M.run(model, prompts, opts)
     opts = opts or {}
     check_opts(opts)
     if type(model) ~= 'table' or not model.cfg or not model.params then fail('generate: expected a lunar model') end
-    if model.cfg.model_type == 'glm5_next' then
-        fail('generate: GLM-5.3-Flash (glm5_next) generation is not implemented in this version of lunar (its KDA '
-            .. 'state and k-pool caches are not in the rollout engine yet)')
-    end
     local par = gpar.of(model)
     -- under expert parallel a rank with no prompts still takes part in the others' forwards
     if type(prompts) ~= 'table' or (#prompts == 0 and not (par and par.lockstep)) then
@@ -230,14 +226,19 @@ function M.run(model, prompts, opts)
                 .. 'leaves no room for a new token'):format(r.index, #r.ids, max_seq))
         end
     end
-    local block = opts.block_size or 16
     local max_batch = opts.max_batch or 64
     local need_len = math.min(longest + max_new, max_seq)
     local budget = opts.budget_bytes
+    -- the sequences alive at once: a model with per-sequence state (KDA) needs a slot for each
+    local alive = math.max(1, math.min(math.max(max_batch, nsamp), #reqs * nsamp))
+    local plan = Cache.plan(model, {budget_bytes = 2 ^ 50, block_size = opts.block_size, max_seq_len = need_len,
+                                    max_sequences = 1})
+    local nseq = plan.bytes_per_sequence > 0 and alive or nil
+    local block = plan.block_size
     if not budget then
-        local plan = Cache.plan(model, {budget_bytes = 2 ^ 50, block_size = block, max_seq_len = need_len})
-        local per_seq = math.ceil(need_len / block) * block * plan.bytes_per_token
-        budget = plan.overhead_bytes + per_seq * math.max(1, math.min(math.max(max_batch, nsamp), #reqs * nsamp))
+        local per_seq = math.ceil(need_len / plan.block_size) * plan.block_size * plan.bytes_per_token
+            + plan.bytes_per_sequence
+        budget = plan.overhead_bytes + per_seq * alive
     end
     if par and par.tp then
         -- (everything that decides the batches and the tokens: the members must form the same ones)
@@ -251,7 +252,8 @@ function M.run(model, prompts, opts)
         for _, t in ipairs(ids) do what[#what + 1] = t end
         gpar.same_requests(par, lists, table.concat(what, ','))
     end
-    local cache = Cache.new(model, {budget_bytes = budget, block_size = block, max_seq_len = need_len})
+    local cache = Cache.new(model, {budget_bytes = budget, block_size = block, max_seq_len = need_len,
+                                    max_sequences = nseq})
     if opts.quiet == false then print('[lunar] generate: ' .. cache:summary()) end
 
     -- adapters: no dropout while generating

@@ -808,7 +808,7 @@ end
 function Model:tp_slices(axis)
     axis = axis or 'tp'
     local out = {}
-    for _, s in ipairs(params.spec(self.cfg, M.spec_opts(self.cfg, self.opts))) do
+    for _, s in ipairs(require('lunar.model.spec').of(self.cfg, M.spec_opts(self.cfg, self.opts))) do
         if s.slice and s.slice.group == axis and self.params:has(s.name) then out[s.name] = s.slice end
     end
     return out

@@ -16,7 +16,9 @@
 --   local m = glm5_next.new(cfg, {seed = 1})     cfg: lunar.model.glm5_next_config's
 --   local out = m:forward(batch, {loss = true}); m:backward()
 -- batch as lunar.model.glm's (input_ids, labels, attention_mask, cu_seqlens, routing).
--- Not yet: tensor / expert parallel, fp32_residual, generation's caches (refused).
+-- Parallel: tensor (KDA and MLA heads, the MLPs), expert and expert tensor parallel
+-- (lunar.parallel.context); not yet sequence parallel, fp32_residual (refused). Generation:
+-- lunar.generate.flash.
 local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local ops = require 'lunar.ops'
@@ -30,11 +32,19 @@ local M = {}
 local Model = setmetatable({}, {__index = glm.Model})
 Model.__index = Model
 M.Model = Model
+-- generation's cache layout, prefill and decode step (lunar.generate.decode asks for them)
+Model.decode_module = 'lunar.generate.flash'
+-- RL's shared prompts (lunar.rl.batch) give a response its prompt's keys through key lists; a
+-- KDA layer would need the prompt's final state instead, so each sample packs its own prompt
+Model.no_shared_prompts = 'its KDA layers carry a recurrent state that key lists cannot continue: each sample packs its own prompt'
 
 local fail = tensor.fail
 local P = fparams.PREFIX
 
-local function build_layer(store, cfg, i)
+-- par (lunar.parallel.context): tensor parallel splits KDA's and the NoPE MLA's heads and the
+-- MLPs' rows; expert parallel the routed experts (lunar.nn.MoE); the mHC sites, the norms and the
+-- k-pool indexer stay whole on every rank
+local function build_layer(store, cfg, i, par)
     local p = fparams.layer_prefix(i):sub(1, -2)
     local L = {index = i, name = p, kind = fparams.is_kda(cfg, i) and 'kda' or 'dsa'}
     L.attn_hc = nn.HyperConnection.new(store, p .. '.hc_attn', cfg)
@@ -42,15 +52,17 @@ local function build_layer(store, cfg, i)
     L.input_norm = nn.RMSNorm.new(store, p .. '.input_layernorm', cfg.rms_norm_eps)
     L.post_norm = nn.RMSNorm.new(store, p .. '.post_attention_layernorm', cfg.rms_norm_eps)
     if L.kind == 'kda' then
-        L.attn = nn.KDA.new(store, p .. '.self_attn', cfg)
+        L.attn = nn.KDA.new(store, p .. '.self_attn', cfg, {par = par})
     else
-        L.attn = NopeMLA.new(store, p .. '.self_attn', cfg, {indexer = cfg.indexer_types[i + 1]})
+        L.attn = NopeMLA.new(store, p .. '.self_attn', cfg, {indexer = cfg.indexer_types[i + 1], par = par})
     end
     L.mlp_type = fparams.mlp_type(cfg, i)
     if L.mlp_type == 'dense' then
-        L.mlp = nn.MLP.new(store, p .. '.mlp', cfg.hidden_act, {limit = cfg.swiglu_limit})
+        local io = par:block('mlp')
+        L.mlp = nn.MLP.new(store, p .. '.mlp', cfg.hidden_act, {limit = cfg.swiglu_limit, input = io.input,
+                                                                 output = io.output})
     else
-        L.mlp = nn.MoE.new(store, p .. '.mlp', cfg)
+        L.mlp = nn.MoE.new(store, p .. '.mlp', cfg, {par = par})
     end
     return L
 end
@@ -64,11 +76,11 @@ local function build(cfg, store, opts)
     end
     m.fp32_residual = false
     m.n = cfg.hc_mult
-    m.par = context.unsplit(cfg, opts, 'glm5_next (GLM-5.3-Flash)')
-    m.vocab, m.sp = nil, nil
+    m.par = context.new(cfg, opts)
+    m.vocab, m.sp = m.par.vocab_split, nil
     m.embed = nn.Embedding.new(store, P .. 'embed_tokens', cfg.pad_token_id, {vocab = m.par.vocab})
     m.layers = {}
-    for i = 0, cfg.num_hidden_layers - 1 do m.layers[i + 1] = build_layer(store, cfg, i) end
+    for i = 0, cfg.num_hidden_layers - 1 do m.layers[i + 1] = build_layer(store, cfg, i, m.par) end
     m.norm = nn.RMSNorm.new(store, P .. 'norm', cfg.rms_norm_eps)
     m.lm_head = nn.Linear.new(store, cfg.tie_word_embeddings and (P .. 'embed_tokens') or 'lm_head')
     m.mtp = {}
@@ -86,8 +98,10 @@ function M.new(cfg, opts)
     local rng = core.rng_new(opts.seed or 0):split('init')
     local store = nn.params.new()
     local std = cfg.initializer_range or 0.02
-    for _, s in ipairs(fparams.spec(cfg)) do
-        local t = core.empty(s.shape, s.dtype or opts.dtype or 'f32', opts.device)
+    -- (a split tensor is drawn whole and cut: every layout starts from the one-rank weights)
+    for _, s in ipairs(fparams.spec(cfg, M.spec_opts(cfg, opts))) do
+        local shape = s.full_shape or s.shape
+        local t = core.empty(shape, s.dtype or opts.dtype or 'f32', opts.device)
         local r = rng:split(s.name)
         if s.init == 'normal' then r:normal_(t, 0, std)
         elseif s.init == 'hc_fn' then r:normal_(t, 0, 0.02)
@@ -96,13 +110,14 @@ function M.new(cfg, opts)
             if cfg.linear_lower_bound ~= nil then t:fill_(0)
             else ops.log(r:uniform_(t, 1, 16), {out = t}) end
         elseif s.init == 'dt_bias' then
-            local dt = ops.maximum(ops.exp(r:uniform_(core.empty(s.shape, 'f32', opts.device), math.log(1e-3), math.log(1e-1))), 1e-4)
+            local dt = ops.maximum(ops.exp(r:uniform_(core.empty(shape, 'f32', opts.device), math.log(1e-3), math.log(1e-1))), 1e-4)
             -- dt + log(-expm1(-dt)) = log(e^dt - 1)
             t:copy_(ops.log(ops.sub(ops.exp(dt), 1)))
         else t:fill_(0) end
         if s.name == P .. 'embed_tokens.weight' and type(cfg.pad_token_id) == 'number' then
             t:select(1, cfg.pad_token_id + 1):fill_(0)
         end
+        if s.slice then t = t:narrow(s.slice.dim, s.slice.start + 1, s.slice.len):contiguous() end
         store:add(s.name, t, s.trainable)
     end
     local m = build(cfg, store, opts)
@@ -129,14 +144,41 @@ end
 -- (model.visual.*), the MTP layer (layers.<num_hidden_layers>.*) and shared_head tensors, which
 -- transformers' text model does not read either, are carried untouched for the export
 -- (model.carried). opts: dtype (default f32), device, quiet, strict (false: skip tensors
--- the model does not know instead of refusing them).
+-- the model does not know instead of refusing them), tp / ep / etp (lunar.dist groups: this
+-- rank's blocks and experts). dir may also be a sharded model (lunar.parallel.checkpoint: a split
+-- run's checkpoint), read into any layout.
+local function is_carried(cfg, name)
+    local li = name:match('^' .. P:gsub('%.', '%%.') .. 'layers%.(%d+)%.')
+    return name:find('^model%.visual%.') or name:find('.shared_head.', 1, true) or (li and tonumber(li) >= cfg.num_hidden_layers)
+end
+
 function M.load(dir, cfg, opts)
     opts = opts or {}
     local lio = require 'lunar.io'
     local mparams = require 'lunar.model.params'
-    local tensors, metadata = lio.load_checkpoint(dir, {quiet = opts.quiet, fp8_block = cfg.fp8_block})
-    local fused = mparams.split_all_fused(tensors)
-    local spec = fparams.spec(cfg)
+    local sharded = require 'lunar.parallel.checkpoint'
+    -- expert parallel: this rank's routed experts; tensor parallel: its block of each split tensor
+    local so = M.spec_opts(cfg, opts)
+    local spec = fparams.spec(cfg, so)
+    local function elsewhere(name)   -- a routed expert another ep rank holds
+        local e = so.experts and name:match('%.mlp%.experts%.(%d+)%.')
+        return e and (tonumber(e) < so.experts.first or tonumber(e) >= so.experts.first + so.experts.count) or false
+    end
+    local tensors, metadata, fused, file_dtypes, cut
+    if sharded.is_sharded(dir) then
+        -- this rank's blocks, and the carried tensors whole
+        local want = {}
+        for _, s in ipairs(spec) do want[#want + 1] = s end
+        for name, e in pairs(sharded.entries(dir)) do
+            if is_carried(cfg, name) then want[#want + 1] = {name = name, shape = e.shape} end
+        end
+        local source, _
+        tensors, file_dtypes, _, source = sharded.read(dir, want)
+        metadata, fused, cut = source.metadata or {}, source.fused or {}, true
+    else
+        tensors, metadata = lio.load_checkpoint(dir, {quiet = opts.quiet, fp8_block = cfg.fp8_block})
+        fused, file_dtypes = mparams.split_all_fused(tensors), {}
+    end
     local known, missing = {}, {}
     for _, s in ipairs(spec) do
         known[s.name] = s
@@ -148,11 +190,9 @@ function M.load(dir, cfg, opts)
             #missing == 1 and ' is' or 's are', some(missing)))
     end
     local carried, unexpected = {}, {}
-    local L = cfg.num_hidden_layers
     for name, t in pairs(tensors) do
-        if not known[name] then
-            local li = name:match('^' .. P:gsub('%.', '%%.') .. 'layers%.(%d+)%.')
-            if name:find('^model%.visual%.') or name:find('.shared_head.', 1, true) or (li and tonumber(li) >= L) then
+        if not known[name] and not elsewhere(name) then
+            if is_carried(cfg, name) then
                 carried[name] = t
             else
                 unexpected[#unexpected + 1] = name
@@ -167,14 +207,15 @@ function M.load(dir, cfg, opts)
     local dtypes = {}
     for _, s in ipairs(spec) do
         local t = tensors[s.name]
-        local ts = t:size()
-        local same = #ts == #s.shape
-        for k = 1, #s.shape do same = same and ts[k] == s.shape[k] end
+        local ts, whole = t:size(), (not cut and s.full_shape) or s.shape
+        local same = #ts == #whole
+        for k = 1, #whole do same = same and ts[k] == whole[k] end
         if not same then
             fail(('%s: tensor %s has shape (%s), the config says (%s)'):format(dir, s.name, table.concat(ts, ', '),
-                table.concat(s.shape, ', ')))
+                table.concat(whole, ', ')))
         end
-        dtypes[s.name] = t:dtype()
+        dtypes[s.name] = file_dtypes[s.name] or t:dtype()
+        if s.slice and not cut then t = t:narrow(s.slice.dim, s.slice.start + 1, s.slice.len):contiguous() end
         store:add(s.name, core.convert(t, s.dtype or opts.dtype or 'f32', opts.device), s.trainable)
     end
     local model = build(cfg, store, opts)
@@ -185,7 +226,8 @@ end
 
 function M.from_params(cfg, store, opts) return build(cfg, store, opts or {}) end
 
-function M.spec_opts() return {} end
+-- the spec options of a model of cfg built with opts (tp, ep, etp groups): this rank's blocks
+function M.spec_opts(cfg, opts) return context.new(cfg, opts or {}):spec_opts(false) end
 
 function Model:device() return self.params:get(P .. 'embed_tokens.weight'):device() end
 
@@ -224,6 +266,20 @@ function Model:prepare(batch)
     local ids = batch.input_ids
     if not tensor.is_tensor(ids) or ids:dim() ~= 2 then fail('forward: batch.input_ids must be a (B, T) tensor') end
     local B, T = ids:size(1), ids:size(2)
+    -- GLM-5.3-Flash has no positions, and its KDA layers a recurrent state: documents come from
+    -- cu_seqlens alone. Key lists, and positions that restart without cu_seqlens, would be ignored:
+    -- refused instead (positions beside cu_seqlens, as the loader gives them, say nothing more)
+    local function refuse(k)
+        fail(('forward: batch.%s is not supported by glm5_next (GLM-5.3-Flash has no positions and its KDA layers a '
+            .. 'recurrent state): pack documents with batch.cu_seqlens'):format(k))
+    end
+    if batch.key_lists ~= nil then refuse('key_lists') end
+    if batch.position_ids ~= nil and batch.cu_seqlens == nil then
+        local pos = batch.position_ids:to('cpu'):tolist_flat()
+        for i, p in ipairs(pos) do
+            if p ~= (i - 1) % T then refuse('position_ids (restarting without cu_seqlens)') end
+        end
+    end
     local dev = self:device()
     local function on(t) if t ~= nil and tensor.is_tensor(t) and t:device() ~= dev then return t:to(dev) end return t end
     local am = batch.attention_mask
@@ -282,24 +338,30 @@ function Model:_embed_backward(dX, saved)
     self.embed:backward(ops.sum(dX, 2):to(self.dtype), saved.emb)
 end
 
-local function layer_forward(self, L, X, b, prev_keys, replay)
-    local u, s1 = L.attn_hc:read(X)
+-- one decoder layer on the streams X (N, n, H) -> X3, its saved state, the DSA selection, the
+-- routing. dec (generation's decode step, lunar.generate.flash): {attend = function(L, xn,
+-- prev_keys) -> a, keys: the layer's attention over the cache; linear: the products' options}
+function Model:layer_forward(L, X, b, prev_keys, replay, dec)
+    local lo = dec and dec.linear
+    local u, s1 = L.attn_hc:read(X, lo)
     local xn, s_in = L.input_norm:forward(u)
     self:_emit(L.name .. '.self_attn', 'input', xn)
     local a, s_attn, keys
-    if L.kind == 'kda' then
-        a, s_attn = L.attn:forward(xn, {seg = b.seg, valid = b.valid})
+    if dec then
+        a, keys = dec.attend(L, xn, prev_keys)
+    elseif L.kind == 'kda' then
+        a, s_attn = L.attn:forward(xn, {seg = b.seg, valid = b.valid, want_state = b.for_cache})
     else
         a, s_attn, keys = L.attn:forward(xn, b, prev_keys)
     end
     self:_emit(L.name .. '.self_attn', 'output', a)
     local X2 = L.attn_hc:write(X, a, s1)
-    local u2, s2 = L.ffn_hc:read(X2)
+    local u2, s2 = L.ffn_hc:read(X2, lo)
     local hn, s_post = L.post_norm:forward(u2)
     self:_emit(L.name .. '.mlp', 'input', hn)
     local m, s_mlp, routing
-    if L.mlp_type == 'dense' then m, s_mlp = L.mlp:forward(hn)
-    else m, s_mlp, routing = L.mlp:forward(hn, {replay_idx = replay}) end
+    if L.mlp_type == 'dense' then m, s_mlp = L.mlp:forward(hn, lo)
+    else m, s_mlp, routing = L.mlp:forward(hn, {replay_idx = replay, row_invariant = lo and lo.row_invariant}) end
     self:_emit(L.name .. '.mlp', 'output', m)
     local X3 = L.ffn_hc:write(X2, m, s2)
     self:_emit(L.name, 'output', X3)
@@ -320,7 +382,7 @@ function Model:_layers_forward(X, b, first, last, saved)
     for i = first, last do
         local L = self.layers[i]
         local s, keys, r
-        X, s, keys, r = layer_forward(self, L, X, b, prev, b.routing and b.routing[i - 1])
+        X, s, keys, r = self:layer_forward(L, X, b, prev, b.routing and b.routing[i - 1])
         saved.layers[i] = s
         -- a DSA layer's selection goes on to the layer after it (a shared DSA layer's reads it)
         prev = keys
@@ -353,8 +415,5 @@ function Model:_head_backward(saved, opts)
     return dX
 end
 
--- no tensor parallel yet (refused at build): nothing is partial, nothing is split
-function Model:tp_partial_params() return {} end
-function Model:tp_slices() return {} end
 
 return M

@@ -4,7 +4,11 @@
 -- writes them (model.language_model.*, lm_head.weight; per-expert experts; KDA's q/k/v conv
 -- weights apart; the forget gate's tensors and the mHC weights without a module level).
 --
--- spec(cfg[, {experts = {first=, count=}}]) -> list of {name=, shape=, init=, trainable=, dtype=}
+-- spec(cfg[, {experts = {first=, count=}, tp = {rank=, size=}, etp = {rank=, size=}}]) -> list of
+-- {name=, shape=, init=, trainable=, dtype=} (lunar.parallel.context:spec_opts gives the options:
+-- this rank's routed experts, and its blocks of the tensors split over tp and etp, cut by
+-- lunar.model.params.cut: KDA and MLA by heads, the MLPs by their intermediate rows, the routed
+-- experts over etp, the embedding and LM head by vocabulary rows when tp divides it)
 --   init: 'normal' (initializer_range), 'ones', 'zeros', 'a_log' (0 with the lower-bound gate,
 --   else log U(1, 16)), 'dt_bias' (inverse softplus of e^U(ln 1e-3, ln 1e-1)), 'hc_fn' (N(0, 0.02)).
 --   The indexer's tensors and e_score_correction_bias are not trainable (transformers computes
@@ -13,8 +17,11 @@ local M = {}
 
 M.PREFIX = 'model.language_model.'
 
-local function add(list, name, shape, init, trainable, dtype)
-    list[#list + 1] = {name = name, shape = shape, init = init, trainable = trainable ~= false, dtype = dtype}
+-- split: the dim tensor parallel cuts (KDA's and MLA's heads, the MLPs' rows or columns),
+-- esplit: the dim expert tensor parallel cuts (a routed expert's matrices)
+local function add(list, name, shape, init, trainable, dtype, split, esplit)
+    list[#list + 1] = {name = name, shape = shape, init = init, trainable = trainable ~= false, dtype = dtype,
+                       split = split, esplit = esplit}
 end
 
 -- is decoder layer i (0-based) a KDA layer?
@@ -35,17 +42,18 @@ end
 local function kda_specs(list, cfg, a)
     local H, Hk, Dk, Kc = cfg.hidden_size, cfg.linear_num_heads, cfg.linear_head_dim, cfg.linear_conv_kernel_dim
     local Q = Hk * Dk
-    for _, w in ipairs({'q', 'k', 'v'}) do add(list, a .. w .. '_proj.weight', {Q, H}, 'normal') end
-    for _, w in ipairs({'q', 'k', 'v'}) do add(list, a .. w .. '_conv1d.weight', {Q, 1, Kc}, 'normal', true, 'f32') end
+    -- (tensor parallel: each rank its heads' channels; f_a, g_a and o_norm whole)
+    for _, w in ipairs({'q', 'k', 'v'}) do add(list, a .. w .. '_proj.weight', {Q, H}, 'normal', nil, nil, 1) end
+    for _, w in ipairs({'q', 'k', 'v'}) do add(list, a .. w .. '_conv1d.weight', {Q, 1, Kc}, 'normal', true, 'f32', 1) end
     add(list, a .. 'f_a_proj.weight', {Dk, H}, 'normal')
-    add(list, a .. 'f_b_proj.weight', {Q, Dk}, 'normal')
-    add(list, a .. 'dt_bias', {Q}, 'dt_bias', true, 'f32')
-    add(list, a .. 'A_log', {Hk}, 'a_log', true, 'f32')
-    add(list, a .. 'b_proj.weight', {Hk, H}, 'normal')
+    add(list, a .. 'f_b_proj.weight', {Q, Dk}, 'normal', nil, nil, 1)
+    add(list, a .. 'dt_bias', {Q}, 'dt_bias', true, 'f32', 1)
+    add(list, a .. 'A_log', {Hk}, 'a_log', true, 'f32', 1)
+    add(list, a .. 'b_proj.weight', {Hk, H}, 'normal', nil, nil, 1)
     add(list, a .. 'g_a_proj.weight', {Dk, H}, 'normal')
-    add(list, a .. 'g_b_proj.weight', {Q, Dk}, 'normal')
+    add(list, a .. 'g_b_proj.weight', {Q, Dk}, 'normal', nil, nil, 1)
     add(list, a .. 'o_norm.weight', {Dk}, 'ones')
-    add(list, a .. 'o_proj.weight', {H, Q}, 'normal')
+    add(list, a .. 'o_proj.weight', {H, Q}, 'normal', nil, nil, 2)
 end
 
 local function dsa_specs(list, cfg, a, indexer)
@@ -55,12 +63,12 @@ local function dsa_specs(list, cfg, a, indexer)
     add(list, a .. 'q_a_proj.weight', {Rq, H}, 'normal')
     if bias then add(list, a .. 'q_a_proj.bias', {Rq}, 'zeros') end
     add(list, a .. 'q_a_layernorm.weight', {Rq}, 'ones')
-    add(list, a .. 'q_b_proj.weight', {NH * Dn, Rq}, 'normal')
+    add(list, a .. 'q_b_proj.weight', {NH * Dn, Rq}, 'normal', nil, nil, 1)
     add(list, a .. 'kv_a_proj_with_mqa.weight', {Rkv, H}, 'normal')
     if bias then add(list, a .. 'kv_a_proj_with_mqa.bias', {Rkv}, 'zeros') end
     add(list, a .. 'kv_a_layernorm.weight', {Rkv}, 'ones')
-    add(list, a .. 'kv_b_proj.weight', {NH * (Dn + Dv), Rkv}, 'normal')
-    add(list, a .. 'o_proj.weight', {H, NH * Dv}, 'normal')
+    add(list, a .. 'kv_b_proj.weight', {NH * (Dn + Dv), Rkv}, 'normal', nil, nil, 1)
+    add(list, a .. 'o_proj.weight', {H, NH * Dv}, 'normal', nil, nil, 2)
     if bias then add(list, a .. 'o_proj.bias', {H}, 'zeros') end
     if indexer then
         local Hi, Di, kp = cfg.index_n_heads, cfg.index_head_dim, cfg.index_kpool
@@ -79,9 +87,9 @@ local function mlp_specs(list, cfg, m, kind, experts)
     local H = cfg.hidden_size
     if kind == 'dense' then
         local I = cfg.intermediate_size
-        add(list, m .. 'gate_proj.weight', {I, H}, 'normal')
-        add(list, m .. 'up_proj.weight', {I, H}, 'normal')
-        add(list, m .. 'down_proj.weight', {H, I}, 'normal')
+        add(list, m .. 'gate_proj.weight', {I, H}, 'normal', nil, nil, 1)
+        add(list, m .. 'up_proj.weight', {I, H}, 'normal', nil, nil, 1)
+        add(list, m .. 'down_proj.weight', {H, I}, 'normal', nil, nil, 2)
         return
     end
     local E, Im = cfg.n_routed_experts, cfg.moe_intermediate_size
@@ -91,15 +99,15 @@ local function mlp_specs(list, cfg, m, kind, experts)
     if experts then first, count = experts.first, experts.count end
     for e = first, first + count - 1 do
         local x = ('%sexperts.%d.'):format(m, e)
-        add(list, x .. 'gate_proj.weight', {Im, H}, 'normal')
-        add(list, x .. 'up_proj.weight', {Im, H}, 'normal')
-        add(list, x .. 'down_proj.weight', {H, Im}, 'normal')
+        add(list, x .. 'gate_proj.weight', {Im, H}, 'normal', nil, nil, nil, 1)
+        add(list, x .. 'up_proj.weight', {Im, H}, 'normal', nil, nil, nil, 1)
+        add(list, x .. 'down_proj.weight', {H, Im}, 'normal', nil, nil, nil, 2)
     end
     local Is = Im * cfg.n_shared_experts
     if Is > 0 then
-        add(list, m .. 'shared_experts.gate_proj.weight', {Is, H}, 'normal')
-        add(list, m .. 'shared_experts.up_proj.weight', {Is, H}, 'normal')
-        add(list, m .. 'shared_experts.down_proj.weight', {H, Is}, 'normal')
+        add(list, m .. 'shared_experts.gate_proj.weight', {Is, H}, 'normal', nil, nil, 1)
+        add(list, m .. 'shared_experts.up_proj.weight', {Is, H}, 'normal', nil, nil, 1)
+        add(list, m .. 'shared_experts.down_proj.weight', {H, Is}, 'normal', nil, nil, 2)
     end
 end
 
@@ -117,7 +125,9 @@ function M.spec(cfg, opts)
     opts = opts or {}
     local list = {}
     local H, V = cfg.hidden_size, cfg.vocab_size
-    add(list, M.PREFIX .. 'embed_tokens.weight', {V, H}, 'normal')
+    local params = require 'lunar.model.params'
+    local vsplit = opts.tp and params.vocab_split(cfg, opts.tp.size) and 1 or nil
+    add(list, M.PREFIX .. 'embed_tokens.weight', {V, H}, 'normal', nil, nil, vsplit)
     for i = 0, cfg.num_hidden_layers - 1 do
         local p = M.layer_prefix(i)
         hc_specs(list, cfg, p, 'attn')
@@ -129,8 +139,8 @@ function M.spec(cfg, opts)
         mlp_specs(list, cfg, p .. 'mlp.', M.mlp_type(cfg, i), opts.experts)
     end
     add(list, M.PREFIX .. 'norm.weight', {H}, 'ones')
-    if not cfg.tie_word_embeddings then add(list, 'lm_head.weight', {V, H}, 'normal') end
-    return list
+    if not cfg.tie_word_embeddings then add(list, 'lm_head.weight', {V, H}, 'normal', nil, nil, vsplit) end
+    return params.cut(list, opts)
 end
 
 -- vision_spec(vision_config, src) -> the vision tower's tensors (model.visual.*) as transformers'

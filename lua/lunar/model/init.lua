@@ -74,12 +74,7 @@ end
 function M.load(dir, opts)
     opts = opts or {}
     local cfg = cfg_of(dir)
-    if cfg.model_type == glm5_next_type then
-        if sharded.is_sharded(dir) then
-            fail(('%s: a sharded checkpoint of a glm5_next model: not implemented in this version of lunar'):format(dir))
-        end
-        return glm5_next.load(dir, cfg, opts)
-    end
+    if cfg.model_type == glm5_next_type then return glm5_next.load(dir, cfg, opts) end
 
     -- expert parallel (opts.ep, a lunar.dist group): this rank keeps its range of the routed
     -- experts; tensor parallel (opts.tp) and expert tensor parallel (opts.etp): this rank's block

@@ -159,7 +159,14 @@ function M.spec(cfg, opts)
             opts and opts.split_indexer)
     end
     for k = main + 1, #list do list[k].mtp = true end
-    -- this rank's block of each split tensor: shape cut, slice = {dim =, start = 0-based, len =, group =}
+    return M.cut(list, opts)
+end
+
+-- cut(list, opts) -> list: this rank's block of each split tensor of a spec (entries with `split`
+-- for opts.tp, `esplit` for opts.etp: the dim cut in consecutive blocks in rank order): shape cut,
+-- full_shape the whole one, slice = {dim =, start = 0-based, len =, full =, group = 'tp'|'etp'}.
+-- Shared by every model family's spec.
+function M.cut(list, opts)
     for _, cut in ipairs({{axis = 'tp', key = 'split', what = 'tensor-parallel'},
                           {axis = 'etp', key = 'esplit', what = 'expert tensor-parallel'}}) do
         local g = opts and opts[cut.axis]   -- (given when the axis splits: lunar.parallel.context)
@@ -170,11 +177,12 @@ function M.spec(cfg, opts)
                     local full = s.shape[dim]
                     if full % g.size ~= 0 then
                         error(('%s: dim %d of size %d is not divisible by the %s size %s = %d'):format(s.name,
-                            dim, full, cut.what, cut.axis, g.size), 2)
+                            dim, full, cut.what, cut.axis, g.size), 3)
                     end
                     local len = full / g.size
-                    s.full_shape = {s.shape[1], s.shape[2]}
-                    s.shape = {s.shape[1], s.shape[2]}
+                    local whole = s.shape
+                    s.full_shape, s.shape = {}, {}
+                    for k, n in ipairs(whole) do s.full_shape[k], s.shape[k] = n, n end
                     s.shape[dim] = len
                     s.slice = {dim = dim, start = g.rank * len, len = len, full = full, group = cut.axis}
                 end

@@ -1,7 +1,8 @@
 -- lunar.nn.HyperConnection: one mHC site of GLM-5.3-Flash (HF's Glm5NextTextHyperConnection),
 -- the read of a block's input from the n residual streams and the write of its output back:
 --
---   read(X)  X (N, n, H) streams -> u (N, H) the block's input, and the site's weights:
+--   read(X[, lopts])  X (N, n, H) streams -> u (N, H) the block's input, and the site's weights
+--            (lopts.row_invariant: the projection's product row-invariant, as a decode step needs):
 --              z = fn . rmsnorm_unweighted(flatten X) * scale + base   (f32; scale per section)
 --              pre, post, comb = lunar.ops.hc_weights(z)              (sigmoid, 2 sigmoid, Sinkhorn)
 --              u = sum_j pre_j X_j                                    (in X's dtype)
@@ -37,12 +38,12 @@ local function scale_vector(self, dev)
     return ops.index_select(self.store:get(self.scale):float(), 1, self.section_t)
 end
 
-function Hyper:read(X)
+function Hyper:read(X, lopts)
     local N, n, H = X:size(1), self.n, self.H
     local flat = X:contiguous():view(N, n * H):float()
     local xn, rstd = ops.rmsnorm(flat, nil, self.norm_eps)
     local fn = self.store:get(self.fn):float()
-    local r = ops.gemm(xn, fn, {trans_b = true})                   -- (N, (2 + n) n)
+    local r = ops.gemm(xn, fn, {trans_b = true, row_invariant = lopts and lopts.row_invariant})   -- (N, (2 + n) n)
     local sv = scale_vector(self, X:device())
     local z = ops.add(ops.mul(r, sv:view(1, -1)), self.store:get(self.base):float():view(1, -1))
     local pre, post, comb = ops.hc_weights(z, n, {iters = self.iters, eps = self.hc_eps})

@@ -17,17 +17,24 @@
 -- forward(x, ctx): ctx.seg the (nseg + 1) i64 segment offsets of the rows, ctx.valid (N, 1) 1/0
 -- in x's dtype or nil, ctx.state0 (nseg, Hk, Dk, Dk) and ctx.hist = {q =, k =, v = (nseg, Kc - 1, Q)} a cache's
 -- recurrent and conv states or nil, ctx.want_state: also return the states after each segment
--- (saved.state, saved.hist_out) for the cache. The KDA math is f32 whatever x's dtype.
+-- (saved.state, saved.hist_out) for the cache; ctx.linear: the projections' options (a decode
+-- step asks for row-invariant products). The KDA math is f32 whatever x's dtype.
 local core = require 'lunar.core'
 local ops = require 'lunar.ops'
 local Linear = require 'lunar.nn.linear'
+local context = require 'lunar.parallel.context'
 
 local KDA = {}
 KDA.__index = KDA
 
-function KDA.new(store, prefix, cfg)
-    local self = setmetatable({store = store, name = prefix}, KDA)
-    self.Hk, self.Dk = cfg.linear_num_heads, cfg.linear_head_dim
+-- opts.par (lunar.parallel.context): under tensor parallel this rank's heads (q/k/v, their convs,
+-- f_b, dt_bias, A_log, b and g_b by heads, o_proj by their columns) and the mappings that reduce
+-- the partial sums; f_a, g_a and o_norm stay whole
+function KDA.new(store, prefix, cfg, opts)
+    local par = opts and opts.par or context.NONE
+    local io = par:block('attention')
+    local self = setmetatable({store = store, name = prefix, par = par, input = io.input, output = io.output}, KDA)
+    self.Hk, self.Dk = par:heads(cfg, 'linear_num_heads', 'KDA ' .. prefix), cfg.linear_head_dim
     self.Q = self.Hk * self.Dk
     self.Kc = cfg.linear_conv_kernel_dim
     self.lb = cfg.linear_lower_bound   -- nil: the softplus gate
@@ -42,6 +49,11 @@ function KDA.new(store, prefix, cfg)
     self.dt_bias, self.A_log = prefix .. '.dt_bias', prefix .. '.A_log'
     self.o_norm = prefix .. '.o_norm.weight'
     return self
+end
+
+-- tensor parallel: the whole parameters whose gradients cover this rank's heads only
+function KDA:tp_partial()
+    return self.par:partial({self.f_a_proj.name .. '.weight', self.g_a_proj.name .. '.weight', self.o_norm})
 end
 
 local function conv_weight(self, which)
@@ -61,12 +73,14 @@ end
 function KDA:forward(x, ctx)
     local N, Hk, Dk, Q = x:size(1), self.Hk, self.Dk, self.Q
     local sv = {ctx = ctx, N = N}
+    local lo = ctx.linear
+    x = self.input:forward(x)
     local xm = ctx.valid and ops.mul(x, ctx.valid) or x
     sv.xm = xm
     -- projections and the short conv, each of q, k, v on its own (the conv is depthwise)
     local act = {}
     for _, w in ipairs({'q', 'k', 'v'}) do
-        local p, sp = self[w .. '_proj']:forward(xm)
+        local p, sp = self[w .. '_proj']:forward(xm, lo)
         local c = ops.conv1d_causal(p, conv_weight(self, w), ctx.seg, {hist = ctx.hist and ctx.hist[w]})
         sv[w] = {sp = sp, p = p, c = c}
         act[w] = ops.silu(c)
@@ -76,8 +90,8 @@ function KDA:forward(x, ctx)
     sv.q.act, sv.q.rstd, sv.k.act, sv.k.rstd = act.q, q_rstd, act.k, k_rstd
     local q, k, v = qn:view(N, Hk, Dk), kn:view(N, Hk, Dk), act.v:view(N, Hk, Dk)
     -- the forget gate (a log decay per channel)
-    local fa, s_fa = self.f_a_proj:forward(xm)
-    local f, s_fb = self.f_b_proj:forward(fa)
+    local fa, s_fa = self.f_a_proj:forward(xm, lo)
+    local f, s_fb = self.f_b_proj:forward(fa, lo)
     f = ops.add(f:float(), self.store:get(self.dt_bias))
     local A = ops.exp(self.store:get(self.A_log)):view(1, Hk, 1)
     local z = ops.mul(f:view(N, Hk, Dk), A)
@@ -88,7 +102,7 @@ function KDA:forward(x, ctx)
         g = ops.neg(ops.mul(self:_softplus(f:view(N, Hk, Dk)), A))
     end
     sv.gate = {s_fa = s_fa, s_fb = s_fb, f = f, A = A, z = z}
-    local bl, s_b = self.b_proj:forward(xm)
+    local bl, s_b = self.b_proj:forward(xm, lo)
     local beta = ops.sigmoid(bl:float())
     sv.beta = {s_b = s_b, logit = bl}
     local o, state = ops.kda(q, k, v, g, beta, ctx.seg, {state0 = ctx.state0, state = ctx.want_state})
@@ -96,14 +110,14 @@ function KDA:forward(x, ctx)
     sv.state = state
     if ctx.want_state then sv.hist_out = self:_conv_states(sv, ctx) end
     -- the gated output norm (f32), then o_proj
-    local ga, s_ga = self.g_a_proj:forward(xm)
-    local gate, s_gb = self.g_b_proj:forward(ga)
+    local ga, s_ga = self.g_a_proj:forward(xm, lo)
+    local gate, s_gb = self.g_b_proj:forward(ga, lo)
     local on, o_rstd = ops.rmsnorm(o:view(N * Hk, Dk), self.store:get(self.o_norm):float(), self.eps)
     local sg = ops.sigmoid(gate:float():view(N * Hk, Dk))
     local y_in = ops.mul(on, sg):view(N, Q):to(x:dtype())
-    local y, s_o = self.o_proj:forward(y_in)
+    local y, s_o = self.o_proj:forward(y_in, lo)
     sv.out = {s_ga = s_ga, s_gb = s_gb, o = o, o_rstd = o_rstd, on = on, gate = gate, sg = sg, s_o = s_o}
-    return y, sv
+    return self.output:forward(y), sv   -- (tensor parallel: the heads' partial sums reduced)
 end
 
 -- softplus(f) with torch's threshold: f above 20 stays f
@@ -114,27 +128,31 @@ function KDA:_softplus(f)
 end
 
 -- the conv state after each segment: its last Kc - 1 inputs (with the history before it when
--- the segment is shorter), (nseg, Kc - 1, Q) per q, k, v
+-- the segment is shorter), (nseg, Kc - 1, Q) per q, k, v: one row gather from [hist; inputs; 0]
 function KDA:_conv_states(sv, ctx)
     local seg = ctx.seg:to('cpu'):tolist_flat()
-    local nseg, W = #seg - 1, self.Kc - 1
+    local nseg, W, Q, N = #seg - 1, self.Kc - 1, self.Q, sv.N
+    local hist = ctx.hist
+    local base = hist and nseg * W or 0          -- the inputs' first row in the stacked rows
+    local zero = base + N                        -- the zero row
+    local idx = {}
+    for s = 1, nseg do
+        local first, n = seg[s], seg[s + 1] - seg[s]
+        for i = 1, W do
+            local t = n - W + i - 1   -- offset from the segment's first row
+            if t >= 0 then idx[#idx + 1] = base + first + t
+            elseif hist then idx[#idx + 1] = (s - 1) * W + W + t
+            else idx[#idx + 1] = zero end
+        end
+    end
     local out = {}
     for _, w in ipairs({'q', 'k', 'v'}) do
         local p = sv[w].p
-        local h = core.empty({nseg, W, self.Q}, 'f32', p:device()):fill_(0)
-        for s = 1, nseg do
-            local first, n = seg[s], seg[s + 1] - seg[s]
-            local row = h:select(1, s)
-            for i = 1, W do
-                local t = n - W + i - 1   -- offset from the segment's first row
-                if t >= 0 then
-                    row:narrow(1, i, 1):copy_(p:narrow(1, first + t + 1, 1))
-                elseif ctx.hist and ctx.hist[w] and t >= -W then
-                    row:narrow(1, i, 1):copy_(ctx.hist[w]:select(1, s):narrow(1, W + t + 1, 1))
-                end
-            end
-        end
-        out[w] = h
+        local rows = core.empty({zero + 1, Q}, 'f32', p:device())
+        if hist then rows:narrow(1, 1, base):copy_(hist[w]:contiguous():view(base, Q)) end
+        rows:narrow(1, base + 1, N):copy_(p)
+        rows:narrow(1, zero + 1, 1):fill_(0)
+        out[w] = ops.index_select(rows, 1, core.from_flat(idx, {#idx}, 'i64', p:device())):view(nseg, W, Q)
     end
     return out
 end
@@ -143,7 +161,7 @@ function KDA:backward(dy, sv)
     local N, Hk, Dk, Q = sv.N, self.Hk, self.Dk, self.Q
     local ctx = sv.ctx
     local so = sv.out
-    local dy_in = self.o_proj:backward(dy, so.s_o):float():view(N * Hk, Dk)
+    local dy_in = self.o_proj:backward(self.output:backward(dy), so.s_o):float():view(N * Hk, Dk)
     -- y_in = on * sg
     local don = ops.mul(dy_in, so.sg)
     local dgate = ops.sigmoid_backward(ops.mul(dy_in, so.on), so.gate:float():view(N * Hk, Dk))
@@ -207,8 +225,9 @@ function KDA:_qkv_backward(dq, dk, dv, sv, dxm)
                                               {hist = ctx.hist and ctx.hist[w], dw = gw and gw:view(Q, self.Kc)})
         ops.add_(dxm, self[w .. '_proj']:backward(dp:to(s.p:dtype()), s.sp))
     end
-    if ctx.valid then return ops.mul(dxm, ctx.valid) end
-    return dxm
+    -- (tensor parallel: this rank's heads' share of dx, summed over tp)
+    if ctx.valid then return self.input:backward(ops.mul(dxm, ctx.valid)) end
+    return self.input:backward(dxm)
 end
 
 return KDA

@@ -12,6 +12,12 @@
 --       token (the attention mask). -> keys (B, T, W) i64, the raw keys each query attends (-1 =
 --       none), W = index_topk + kp - 1 with the tail (kp > 1), else index_topk.
 --
+--   ki, gi = idx:token_keys(x[, lopts])   the raw key LayerNorm(wk x) and gate x (N, Di) f32 of
+--       every token (lopts: the Linears' options; a decode step asks for row-invariant products)
+--   pooled = idx:pool_keys(ki, gi)          ki, gi (M, kp, Di): each pool's tokens -> (M, Di) f32
+-- With b.for_cache (generation's prefill), select also returns {ki =, gi =, pooled = (B, P, Di)
+-- or nil, rows = the pools of each row, as pools_of lists them}: what the cache keeps.
+--
 -- Within a document, pools of kp tokens start at its first valid token; a pool is valid when
 -- its kp tokens are all in the document and valid, and its pooled key is, per channel d,
 -- sum_j softmax_j(gi[j, d] + ape[j, d]) ki[j, d] with ki = LayerNorm(wk x), gi = gate x. A pool is
@@ -74,18 +80,33 @@ local function pools_of(self, b)
     return rows, P
 end
 
+function KPool:token_keys(x, lopts)
+    local ki = ops.layernorm(self.wk:forward(x, lopts), self.store:get(self.knw), self.store:get(self.knb), 1e-6)
+    local gi = ops.gemm(x, self.store:get(self.gate), {trans_b = true, row_invariant = lopts and lopts.row_invariant})
+    return ki:float(), gi:float()
+end
+
+-- per channel d: sum_j softmax_j(gi[j, d] + ape[j, d]) ki[j, d], over each pool's kp tokens
+function KPool:pool_keys(ki, gi)
+    local M, kp, Di = ki:size(1), self.kp, self.Di
+    local gg = ops.add(gi, self.store:get(self.ape):float():view(1, kp, Di))
+    local prob = ops.softmax(gg:transpose(2, 3):contiguous()):transpose(2, 3)
+    return ops.sum(ops.mul(prob, ki), 2):view(M, Di)
+end
+
 function KPool:select(x, q_resid, b)
     local B, T, Hi, Di, kp = b.B, b.T, self.Hi, self.Di, self.kp
     local N = B * T
     local W = self:width()
     local rows, P = pools_of(self, b)
     local K = math.min(math.floor(self.topk / kp), P)
-    local picked
+    local picked, cached
+    local ki, gi
+    if K > 0 or b.for_cache then ki, gi = self:token_keys(x) end
+    if b.for_cache then cached = {ki = ki, gi = gi, rows = rows} end
     if K > 0 then
         -- pooled keys (B, P, Di): the kp tokens of each pool gathered (a row's missing pools read
         -- token 0 of the row; they are never candidates)
-        local ki = ops.layernorm(self.wk:forward(x), self.store:get(self.knw), self.store:get(self.knb), 1e-6)
-        local gi = ops.gemm(x, self.store:get(self.gate), {trans_b = true})
         local idx = {}
         for r = 1, B do
             for p = 1, P do
@@ -96,11 +117,9 @@ function KPool:select(x, q_resid, b)
             end
         end
         local at = core.from_flat(idx, {#idx}, 'i64', x:device())
-        local gk = ops.index_select(ki:float(), 1, at):view(B * P, kp, Di)
-        local gg = ops.add(ops.index_select(gi:float(), 1, at):view(B * P, kp, Di),
-                           self.store:get(self.ape):float():view(1, kp, Di))
-        local prob = ops.softmax(gg:transpose(2, 3):contiguous()):transpose(2, 3)   -- over the pool's tokens
-        local pooled = ops.sum(ops.mul(prob, gk), 2):view(B, P, Di)
+        local pooled = self:pool_keys(ops.index_select(ki, 1, at):view(B * P, kp, Di),
+                                      ops.index_select(gi, 1, at):view(B * P, kp, Di)):view(B, P, Di)
+        if cached then cached.pooled = pooled end
         -- candidates: valid pools whose last token the query sees
         local mask = {}
         for r = 1, B do
@@ -158,7 +177,7 @@ function KPool:select(x, q_resid, b)
             for j = 1, W do out[#out + 1] = row[j] or -1 end
         end
     end
-    return core.from_flat(out, {B, T, W}, 'i64', x:device())
+    return core.from_flat(out, {B, T, W}, 'i64', x:device()), cached
 end
 
 return KPool

@@ -12,6 +12,8 @@
 --   out, saved, keys = attn:forward(x, b, prev_keys)
 --       x (N, H) = input_layernorm output, N = b.B * b.T; b as lunar.nn.KPool reads it. 'full':
 --       keys = the indexer's (B, T, W) selection; 'shared': prev_keys, returned again.
+--       With b.for_cache (generation's prefill) saved also keeps what the cache stores: k_lat (N,
+--       Rkv) the normed latents, and on full layers index, the indexer's keys (lunar.nn.KPool).
 --   dx = attn:backward(dout, saved)   parameter gradients accumulate (+=), none for the indexer.
 local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
@@ -20,15 +22,22 @@ local Linear = require 'lunar.nn.linear'
 local RMSNorm = require 'lunar.nn.rmsnorm'
 local attention = require 'lunar.nn.attention'
 local KPool = require 'lunar.nn.kpool'
+local context = require 'lunar.parallel.context'
 
 local NopeMLA = {}
 NopeMLA.__index = NopeMLA
 
+-- opts.par (lunar.parallel.context): under tensor parallel this rank's heads (q_b_proj and
+-- kv_b_proj by heads, o_proj by their columns) and the mappings that reduce the partial sums; the
+-- low-rank projections, their norms and the indexer stay whole (every rank selects the same keys)
 function NopeMLA.new(store, name, cfg, opts)
     opts = opts or {}
     local bias = cfg.attention_bias and true or false
+    local par = opts.par or context.NONE
+    local io = par:block('attention')
     local self = setmetatable({
-        store = store, name = name, H = cfg.hidden_size, NH = cfg.num_attention_heads,
+        store = store, name = name, par = par, input = io.input, output = io.output,
+        H = cfg.hidden_size, NH = par:heads(cfg, 'num_attention_heads', 'NopeMLA ' .. name),
         Rq = cfg.q_lora_rank, Rkv = cfg.kv_lora_rank, Dn = cfg.qk_nope_head_dim, Dv = cfg.v_head_dim,
         scaling = cfg.qk_nope_head_dim ^ -0.5,
         q_a_proj = Linear.new(store, name .. '.q_a_proj', {bias = bias}),
@@ -47,10 +56,23 @@ function NopeMLA.new(store, name, cfg, opts)
     return self
 end
 
+-- tensor parallel: the whole parameters whose gradients cover this rank's heads only
+function NopeMLA:tp_partial()
+    local out = {}
+    for _, m in ipairs({self.q_a_proj, self.kv_a_proj}) do
+        out[#out + 1] = m.name .. '.weight'
+        out[#out + 1] = m.name .. '.bias'
+    end
+    out[#out + 1] = self.name .. '.q_a_layernorm.weight'
+    out[#out + 1] = self.name .. '.kv_a_layernorm.weight'
+    return self.par:partial(out)
+end
+
 function NopeMLA:forward(x, b, prev_keys)
     local B, T, NH, Dn, Dv = b.B, b.T, self.NH, self.Dn, self.Dv
     local N = B * T
     local sv = {}
+    x = self.input:forward(x)
     local qa
     qa, sv.qa = self.q_a_proj:forward(x)
     local q_resid
@@ -68,7 +90,7 @@ function NopeMLA:forward(x, b, prev_keys)
     local v = kvb4:narrow(4, Dn + 1, Dv):contiguous()
     local keys
     if self.indexer then
-        keys = self.indexer:select(x, q_resid, b)
+        keys, sv.index = self.indexer:select(x, q_resid, b)
     else
         if prev_keys == nil then
             tensor.fail(('NopeMLA %s: a shared DSA layer needs the selection of the full DSA layer before it'):format(self.name))
@@ -80,13 +102,14 @@ function NopeMLA:forward(x, b, prev_keys)
     local out
     out, sv.o = self.o_proj:forward(o:contiguous():view(N, NH * Dv))
     sv.B, sv.T = B, T
-    return out, sv, keys
+    if b.for_cache then sv.k_lat = k_lat end
+    return self.output:forward(out), sv, keys   -- (tensor parallel: the heads' partial sums reduced)
 end
 
 function NopeMLA:backward(dout, sv)
     local B, T, NH, Dn, Dv = sv.B, sv.T, self.NH, self.Dn, self.Dv
     local N = B * T
-    local dof = self.o_proj:backward(dout, sv.o)
+    local dof = self.o_proj:backward(self.output:backward(dout), sv.o)
     local dq, dk, dv = attention.backward_tokens(dof:view(B, T, NH, Dv), sv.att)
     local dkvb = core.empty({B, T, NH, Dn + Dv}, dk:dtype(), dk:device())
     dkvb:narrow(4, 1, Dn):copy_(dk)
@@ -95,7 +118,7 @@ function NopeMLA:backward(dout, sv)
     local dx = self.kv_a_proj:backward(self.kv_a_layernorm:backward(dk_lat, sv.kvn), sv.kva)
     local dq_resid = self.q_b_proj:backward(dq:contiguous():view(N, NH * Dn), sv.qb)
     local dx2 = self.q_a_proj:backward(self.q_a_layernorm:backward(dq_resid, sv.qn), sv.qa)
-    return ops.add_(dx, dx2)
+    return self.input:backward(ops.add_(dx, dx2))
 end
 
 return NopeMLA

@@ -20,6 +20,7 @@
 --   sharded.shard_tensors(model, plan, rank)           -- {name = tensor} this rank writes
 --   sharded.write_manifest(model, dir, plan)           -- config.json + manifest.json (one rank)
 --   sharded.is_sharded(dir)
+--   sharded.entries(dir) -> {name = {shape =, dtype =}}  -- the manifest's tensors
 --   sharded.read(dir, spec) -> tensors, dtypes, names, source -- the blocks a spec
 --       (lunar.model.params.spec with this rank's experts, tp and etp) asks for, each assembled
 --       from the pieces it overlaps; each tensor's source dtype; the manifest's tensor names, for
@@ -58,7 +59,7 @@ function M.pieces_of(cfg, plan, q, o)
     local spread = plan.ep > 1 or plan.etp > 1
     local first_replica = c.dp == 0 and c.cp == 0 and c.pp == 0
     local out = {}
-    for _, s in ipairs(params.spec(cfg, so)) do
+    for _, s in ipairs(require('lunar.model.spec').of(cfg, so)) do
         local writes
         if spread and s.name:find('.mlp.experts.', 1, true) then writes = c.edp == 0 and c.pp == 0
         elseif s.slice then writes = first_replica
@@ -67,21 +68,37 @@ function M.pieces_of(cfg, plan, q, o)
             out[#out + 1] = {name = s.name, shape = s.full_shape or s.shape, slice = s.slice, dtype = s.dtype or o.dtype}
         end
     end
+    -- tensors the model carries untouched (GLM-5.3-Flash: the vision tower, the MTP layer), the
+    -- same on every rank: written whole by world rank 0
+    if o.carried and q == 0 then
+        local names = {}
+        for name in pairs(o.carried) do names[#names + 1] = name end
+        table.sort(names)
+        for _, name in ipairs(names) do
+            local t = o.carried[name]
+            out[#out + 1] = {name = name, shape = t:size(), dtype = t:dtype(), carried = true}
+        end
+    end
     return out
 end
 
 local function opts_of(model)
-    return {mtp = #model.mtp > 0, dtype = model.dtype, split_indexer = model.opts.split_indexer}
+    return {mtp = #model.mtp > 0, dtype = model.dtype, split_indexer = model.opts.split_indexer, carried = model.carried}
 end
 
 -- {name = CPU tensor} of the pieces world rank `rank` writes, from the model it holds
 function M.shard_tensors(model, plan, rank)
     local out = {}
     for _, p in ipairs(M.pieces_of(model.cfg, plan, rank, opts_of(model))) do
-        if not model.params:has(p.name) then
-            fail(('sharded model: rank %d should hold %s but does not (another layout?)'):format(rank, p.name))
+        if p.carried then
+            local t = model.carried[p.name]
+            out[p.name] = t:to(t:dtype(), 'cpu'):contiguous()
+        else
+            if not model.params:has(p.name) then
+                fail(('sharded model: rank %d should hold %s but does not (another layout?)'):format(rank, p.name))
+            end
+            out[p.name] = model.params:get(p.name):to(model.params:get(p.name):dtype(), 'cpu'):contiguous()
         end
-        out[p.name] = model.params:get(p.name):to(model.params:get(p.name):dtype(), 'cpu'):contiguous()
     end
     return out
 end
@@ -185,6 +202,13 @@ local function box(shape, dim, start, len)
     for i, v in ipairs(shape) do lo[i], hi[i] = 0, v end
     if dim then lo[dim], hi[dim] = start, start + len end
     return lo, hi
+end
+
+-- entries(dir) -> {name = {shape =, dtype =}} of the manifest's tensors (checked)
+function M.entries(dir)
+    local out = {}
+    for _, t in ipairs((manifest_of(dir)).tensors) do out[t.name] = {shape = t.shape, dtype = t.dtype} end
+    return out
 end
 
 -- tensors = {name = the block spec entry s asks for}, dtypes = {name = the file's dtype}, names =

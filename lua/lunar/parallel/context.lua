@@ -49,6 +49,25 @@ local function splitting(g) return g and g:size() > 1 and g or nil end
 
 -- the refusals of a tensor-parallel model of cfg (before anything is built)
 local function check_tp(cfg, g, opts)
+    if cfg.model_type == 'glm5_next' then
+        -- GLM-5.3-Flash: KDA and NoPE MLA heads split; the mHC streams, the k-pool indexer whole
+        for k, v in pairs({sequence_parallel = opts.sequence_parallel, split_indexer = opts.split_indexer}) do
+            if v then
+                fail(('tensor parallel (tp = %d) with %s is not implemented for glm5_next (GLM-5.3-Flash) in this '
+                    .. 'version of lunar: set parallel.%s=false'):format(g:size(), k, k))
+            end
+        end
+        if cfg.attention_bias then
+            fail(('tensor parallel (tp = %d) with attention_bias (o_proj\'s bias) is not implemented for %s'):format(
+                g:size(), tostring(cfg.architecture)))
+        end
+        for _, k in ipairs({'num_attention_heads', 'linear_num_heads'}) do
+            if cfg[k] % g:size() ~= 0 then
+                fail(('tensor parallel: %s %d is not divisible by tp = %d'):format(k, cfg[k], g:size()))
+            end
+        end
+        return
+    end
     if cfg.model_type == 'glm_moe_dsa' and cfg.attention_bias then
         fail(('tensor parallel (tp = %d) with attention_bias (o_proj\'s bias) is not implemented for %s'):format(
             g:size(), tostring(cfg.architecture)))
@@ -109,19 +128,6 @@ function M.new(cfg, opts)
     self.decode_heads = tp and mappings.reduce_from(tp) or identity
     self.decode_block = sp and mappings.reduce_from(sp) or identity
     return self
-end
-
--- unsplit(cfg, opts, family): the context of a model family that is not split yet (opts as new's):
--- a tp, ep or etp group of more than one rank is refused, naming the family and the setting
-function M.unsplit(cfg, opts, family)
-    for _, k in ipairs({'tp', 'ep', 'etp'}) do
-        local g = splitting(opts and opts[k])
-        if g then
-            fail(('%s under %s = %d is not implemented in this version of lunar: run it with parallel.%s=1 '
-                .. '(data parallel works)'):format(family, k, g:size(), k))
-        end
-    end
-    return M.new(cfg, {})
 end
 
 M.NONE = setmetatable({tp_size = 1, tp_rank = 0, sp = false, split_indexer = false,

@@ -98,6 +98,12 @@ local function setup(cfg)
                 if L.mlp_type == 'sparse' then run.moe_layers[#run.moe_layers + 1] = i - 1 end
             end
             run.moe = #run.moe_layers > 0
+            run.share_prompts = cfg.rl.share_prompts
+            if run.share_prompts and run.model.no_shared_prompts then
+                run.share_prompts = false
+                log(cfg, 'rl.share_prompts: off for %s (%s)', run.mcfg.architecture or run.mcfg.model_type,
+                    run.model.no_shared_prompts)
+            end
             return run.moe and (cfg.rl.routing_replay and ', routing replay on' or ', routing replay off') or ''
         end})
     if not dp.single then
@@ -203,7 +209,7 @@ local function run_step(run, step)
     local t_gen = lunar.clock()
     local bopts = {mini_batches = math.min(rl.mini_batches, math.max(gen.kept, 1)), total = gen.kept,
         keep_empty = not run.dp.single, micro_batch = rl.micro_batch, routing = run.moe, replay = rl.routing_replay,
-        share_prompts = rl.share_prompts, experts_per_token = run.mcfg.num_experts_per_tok, moe_layers = run.moe_layers}
+        share_prompts = run.share_prompts, experts_per_token = run.mcfg.num_experts_per_tok, moe_layers = run.moe_layers}
     local minis = gen.kept > 0 and rlbatch.build(groups, bopts) or {}
     rlpar.pad(run.dp, minis, function() return rlbatch.dummy(bopts) end) -- every rank as many micro-batches
     local old = policy.old_logprobs(run, minis)                            -- reference and old logprobs, once

@@ -268,7 +268,7 @@ M.unsplit = unsplit
 function DP:gathered_model(model)
     if not self.ep and not self.tp then return model end
     local Params = require 'lunar.nn.params'
-    local params_spec = require 'lunar.model.params'
+    local mspec = require 'lunar.model.spec'
     local ep = self.ep and self.ep:size() or 1
     local El = (model.cfg.n_routed_experts or 0) / ep
     local keep = dist.rank() == 0
@@ -307,7 +307,7 @@ function DP:gathered_model(model)
     local adapters = set and self:_gathered_adapters(set, El)
     if not keep then return model end
     local full = Params.new()
-    local spec = params_spec.spec(model.cfg, {mtp = #model.mtp > 0})   -- without its MTP layer when the model has none
+    local spec = mspec.of(model.cfg, {mtp = #model.mtp > 0})   -- without its MTP layer when the model has none
     for _, s in ipairs(spec) do
         local t = others[s.name] or (model.params:has(s.name) and model.params:get(s.name))
         if not t then core.user_error(('gathering the experts: %s is missing'):format(s.name)) end
@@ -324,11 +324,12 @@ end
 function DP:adapters_view(model)
     if not self.ep and not self.tp then return model end
     local Params = require 'lunar.nn.params'
-    local params_spec = require 'lunar.model.params'
     local shapes = Params.new()
-    for _, s in ipairs(params_spec.spec(model.cfg, {mtp = #model.mtp > 0})) do
-        local one = core.empty({1, 1}, 'f32', 'cpu')
-        shapes:add(s.name, #s.shape == 2 and one:expand(s.shape[1], s.shape[2]) or one:view(1):expand(s.shape[1]), false)
+    for _, s in ipairs(require('lunar.model.spec').of(model.cfg, {mtp = #model.mtp > 0})) do
+        local one = core.empty({1, 1, 1}, 'f32', 'cpu')
+        local view = #s.shape == 3 and one:expand(s.shape[1], s.shape[2], s.shape[3])
+            or #s.shape == 2 and one:view(1, 1):expand(s.shape[1], s.shape[2]) or one:view(1):expand(s.shape[1])
+        shapes:add(s.name, view, false)
     end
     shapes.lora = self:_gathered_adapters(model.params.lora, (model.cfg.n_routed_experts or 0) / (self.ep and self.ep:size() or 1))
     return setmetatable({params = shapes, cfg = model.cfg, source = model.source}, {__index = model})

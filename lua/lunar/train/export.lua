@@ -16,7 +16,7 @@ local core = require 'lunar.core'
 local dist = require 'lunar.dist'
 local io = require 'lunar.io'
 local model_mod = require 'lunar.model'
-local params_spec = require 'lunar.model.params'
+local mspec = require 'lunar.model.spec'
 local grad_buffer = require 'lunar.optim.grad_buffer'
 local unsplit = require('lunar.train.data_parallel').unsplit
 
@@ -36,12 +36,19 @@ function M.write_hf(dp, model, dir, opts)
     local etp_slices = dp.etp and model:tp_slices('etp') or {}
 
     -- the output tensors: every parameter, except the experts the fused tensors take in
-    local spec = params_spec.spec(cfg, {mtp = #model.mtp > 0})
+    local spec = mspec.of(cfg, {mtp = #model.mtp > 0})
     local shape_of, out_dtype = {}, {}
     for _, s in ipairs(spec) do
         shape_of[s.name] = s.shape
         out_dtype[s.name] = model_mod.hf_dtype(src, s.name,
             (store:has(s.name) and store:get(s.name):dtype()) or s.dtype or model.dtype, opts)
+    end
+    -- tensors carried through untouched (GLM-5.3-Flash: the vision tower, the MTP layer), the
+    -- same on every rank: written as they are
+    local carried = model.carried or {}
+    for name, t in pairs(carried) do
+        spec[#spec + 1] = {name = name}
+        shape_of[name], out_dtype[name] = t:size(), t:dtype()
     end
     local fused, taken = model_mod.fused_layout(cfg, src, function(n) return shape_of[n] end, opts), {}
     for _, f in pairs(fused) do for _, p in ipairs(f.parts) do taken[p] = true end end
@@ -86,6 +93,8 @@ function M.write_hf(dp, model, dir, opts)
             if c.left == 0 then cache[key] = nil end
         elseif tp_slices[name] then
             t, owned = unsplit(store:get(name), tp_slices[name].dim, dp.tp), true
+        elseif carried[name] then
+            t = carried[name]
         else
             t = store:get(name)
         end

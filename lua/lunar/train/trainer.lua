@@ -396,7 +396,7 @@ function M.plan(cfg)
     -- under a launcher, rank 0 prints the plan
     if lunar.dist.env().rank ~= 0 then cfg.quiet, cfg.silent = true, true end
     local mcfg = model_config(cfg)
-    local spec = require('lunar.model.params').spec(mcfg)
+    local spec = require('lunar.model.spec').of(mcfg)
     local params = 0
     for _, s in ipairs(spec) do
         local n = 1
