@@ -1,5 +1,5 @@
-/* lua_ops_kda.c: bindings of KDA's gated delta rule and short causal convolution (outputs
- * passed in; state, state0, dstate, dstate0, hist and dw may be nil). */
+/* lua_ops_kda.c: bindings of KDA's gated delta rule and short causal convolution, and their
+ * decode steps (outputs passed in; state, state0, dstate, dstate0, hist and dw may be nil). */
 #include "lua_ops.h"
 #include "lunar/ops.h"
 
@@ -69,11 +69,40 @@ static int l_conv1d_causal_backward(lua_State *L) {
     return 2;
 }
 
+/* core.ops.conv1d_step(y, hist, x, w, slots) -> y (hist updated in place; nil when K = 1) */
+static int l_conv1d_step(lua_State *L) {
+    lunar_tensor *y = lunar_lua_check_tensor(L, 1);
+    lunar_tensor *hist = lunar_lua_opt_tensor(L, 2);
+    lunar_tensor *x = lunar_lua_check_tensor(L, 3);
+    lunar_tensor *w = lunar_lua_check_tensor(L, 4);
+    lunar_tensor *slots = lunar_lua_check_tensor(L, 5);
+    lunar_lua_check_status(L, lunar_conv1d_step(lunar_lua_ctx(L), y, hist, x, w, slots));
+    lua_settop(L, 1);
+    return 1;
+}
+
+/* core.ops.kda_step(o, state, q, k, v, g, beta, slots) -> o (state updated in place) */
+static int l_kda_step(lua_State *L) {
+    lunar_tensor *o = lunar_lua_check_tensor(L, 1);
+    lunar_tensor *state = lunar_lua_check_tensor(L, 2);
+    lunar_tensor *q = lunar_lua_check_tensor(L, 3);
+    lunar_tensor *k = lunar_lua_check_tensor(L, 4);
+    lunar_tensor *v = lunar_lua_check_tensor(L, 5);
+    lunar_tensor *g = lunar_lua_check_tensor(L, 6);
+    lunar_tensor *beta = lunar_lua_check_tensor(L, 7);
+    lunar_tensor *slots = lunar_lua_check_tensor(L, 8);
+    lunar_lua_check_status(L, lunar_kda_step(lunar_lua_ctx(L), o, state, q, k, v, g, beta, slots));
+    lua_settop(L, 1);
+    return 1;
+}
+
 void lunar_lua_ops_kda(lua_State *L) {
     static const luaL_Reg fns[] = {{"kda_forward", l_kda_forward},
                                    {"kda_backward", l_kda_backward},
                                    {"conv1d_causal_forward", l_conv1d_causal_forward},
                                    {"conv1d_causal_backward", l_conv1d_causal_backward},
+                                   {"conv1d_step", l_conv1d_step},
+                                   {"kda_step", l_kda_step},
                                    {NULL, NULL}};
     lunar_lua_setfuncs(L, fns);
 }

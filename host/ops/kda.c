@@ -3,6 +3,7 @@
  * model's dtype), seg as i64. On the CPU the segment offsets are checked here (rising from 0 to
  * the number of rows).
  */
+#include <stdint.h>
 #include <stdio.h>
 
 #include "prep.h"
@@ -213,4 +214,106 @@ lunar_status lunar_conv1d_causal_backward(lunar_ctx *ctx, lunar_tensor *dx, luna
     if (p.st) return prep_end(&p, p.st);
     return prep_end(&p, p.be->conv1d_causal_backward(ctx, &dxw, dw ? &dww : NULL, &dyw, &xw, &ww, &sw,
                                                      use_hist ? &hw : NULL));
+}
+
+/* slots (B) i64: distinct rows of a (S, ...) state, checked on the CPU */
+static lunar_status check_slots(lunar_prep *p, const lunar_tensor *slots, const lunar_tensor *sw, int64_t B, int64_t S) {
+    if (p->st) return p->st;
+    if (prep_check(p, slots, "slots") || prep_expect_index(p, slots, "slots")) return p->st;
+    if (slots->ndim != 1 || slots->shape[0] != B)
+        return p->st = LUNAR_FAIL(p->ctx, LUNAR_ERR_SHAPE, "%s: slots '%s' must be a vector of %lld slots (one per row)",
+                                  p->op, lunar_tensor_label(slots), (long long)B);
+    if (!sw || p->dev.type != LUNAR_DEVICE_CPU) return LUNAR_OK;
+    const int64_t *v = lunar_tensor_data(sw);
+    for (int64_t i = 0; i < B; i++) {
+        if (v[i] < 0 || v[i] >= S)
+            return p->st = LUNAR_FAIL(p->ctx, LUNAR_ERR_ARG, "%s: slots '%s'[%lld] = %lld is not a slot of the %lld in the state",
+                                      p->op, lunar_tensor_label(slots), (long long)i, (long long)v[i], (long long)S);
+        for (int64_t j = 0; j < i; j++)
+            if (v[j] == v[i])
+                return p->st = LUNAR_FAIL(p->ctx, LUNAR_ERR_ARG, "%s: slots '%s' names slot %lld twice (rows %lld and %lld)",
+                                          p->op, lunar_tensor_label(slots), (long long)v[i], (long long)j, (long long)i);
+    }
+    return LUNAR_OK;
+}
+
+lunar_status lunar_conv1d_step(lunar_ctx *ctx, lunar_tensor *y, lunar_tensor *hist, const lunar_tensor *x,
+                               const lunar_tensor *w, const lunar_tensor *slots) {
+    lunar_prep p;
+    LUNAR_TRY(prep_begin(&p, ctx, "conv1d_step", x));
+    if (!p.be->conv1d_step) return prep_end(&p, prep_unsupported(&p));
+    if (prep_check(&p, x, "x") || prep_expect_float(&p, x, "x") || prep_check(&p, w, "w") ||
+        prep_expect_float(&p, w, "w"))
+        return prep_end(&p, p.st);
+    if (x->ndim != 2 || w->ndim != 2 || w->shape[0] != x->shape[1] || w->shape[1] < 1) {
+        char a[128], b[128];
+        lunar_tensor_shape_str(x, a, sizeof a);
+        lunar_tensor_shape_str(w, b, sizeof b);
+        return prep_end(&p, LUNAR_FAIL(ctx, LUNAR_ERR_SHAPE,
+                                       "conv1d_step: x '%s' %s and w '%s' %s do not fit: expected x (B, C) and w (C, K >= 1)",
+                                       lunar_tensor_label(x), a, lunar_tensor_label(w), b));
+    }
+    int64_t B = x->shape[0], C = x->shape[1], K = w->shape[1];
+    if (K > 1 && (prep_check(&p, hist, "hist") || prep_expect_float(&p, hist, "hist"))) return prep_end(&p, p.st);
+    if (K > 1 && (hist->ndim != 3 || hist->shape[1] != K - 1 || hist->shape[2] != C)) {
+        char a[128];
+        lunar_tensor_shape_str(hist, a, sizeof a);
+        return prep_end(&p, LUNAR_FAIL(ctx, LUNAR_ERR_SHAPE, "conv1d_step: hist '%s' %s, expected (slots, %lld, %lld)",
+                                       lunar_tensor_label(hist), a, (long long)(K - 1), (long long)C));
+    }
+    fshape(&p, y, "y", 2, B, C, 0, 0);
+    const lunar_dtype F = LUNAR_DTYPE_F32;
+    lunar_tensor xw, ww, sw, hw, yw;
+    prep_in(&p, &xw, x, "x", F);
+    prep_in(&p, &ww, w, "w", F);
+    prep_in(&p, &sw, slots, "slots", LUNAR_DTYPE_I64);
+    check_slots(&p, slots, &sw, B, K > 1 ? hist->shape[0] : INT64_MAX);
+    if (K > 1) prep_out(&p, &hw, hist, "hist", F, 1);
+    prep_out(&p, &yw, y, "y", F, 0);
+    if (p.st) return prep_end(&p, p.st);
+    return prep_end(&p, p.be->conv1d_step(ctx, &yw, K > 1 ? &hw : NULL, &xw, &ww, &sw));
+}
+
+lunar_status lunar_kda_step(lunar_ctx *ctx, lunar_tensor *o, lunar_tensor *state, const lunar_tensor *q,
+                            const lunar_tensor *k, const lunar_tensor *v, const lunar_tensor *g,
+                            const lunar_tensor *beta, const lunar_tensor *slots) {
+    lunar_prep p;
+    LUNAR_TRY(prep_begin(&p, ctx, "kda_step", q));
+    if (!p.be->kda_step) return prep_end(&p, prep_unsupported(&p));
+    if (prep_check(&p, q, "q") || prep_expect_float(&p, q, "q") || prep_check(&p, v, "v") ||
+        prep_expect_float(&p, v, "v") || prep_check(&p, state, "state") || prep_expect_float(&p, state, "state"))
+        return prep_end(&p, p.st);
+    if (q->ndim != 3 || v->ndim != 3 || state->ndim != 4) {
+        char a[128], b[128], c[128];
+        lunar_tensor_shape_str(q, a, sizeof a);
+        lunar_tensor_shape_str(v, b, sizeof b);
+        lunar_tensor_shape_str(state, c, sizeof c);
+        return prep_end(&p, LUNAR_FAIL(ctx, LUNAR_ERR_SHAPE,
+                                       "kda_step: expected q (B, H, Dk), v (B, H, Dv), state (slots, H, Dk, Dv); got q '%s' %s, "
+                                       "v '%s' %s, state '%s' %s", lunar_tensor_label(q), a, lunar_tensor_label(v), b,
+                                       lunar_tensor_label(state), c));
+    }
+    int64_t B = q->shape[0], H = q->shape[1], Dk = q->shape[2], Dv = v->shape[2], S = state->shape[0];
+    if (Dv > LUNAR_KDA_STEP_MAX_DV)
+        return prep_end(&p, LUNAR_FAIL(ctx, LUNAR_ERR_SHAPE, "kda_step: Dv = %lld is above the %d this op takes",
+                                       (long long)Dv, LUNAR_KDA_STEP_MAX_DV));
+    fshape(&p, k, "k", 3, B, H, Dk, 0);
+    fshape(&p, g, "g", 3, B, H, Dk, 0);
+    fshape(&p, v, "v", 3, B, H, Dv, 0);
+    fshape(&p, beta, "beta", 2, B, H, 0, 0);
+    fshape(&p, state, "state", 4, S, H, Dk, Dv);
+    fshape(&p, o, "o", 3, B, H, Dv, 0);
+    const lunar_dtype F = LUNAR_DTYPE_F32;
+    lunar_tensor qw, kw, vw, gw, bw, sw, stw, ow;
+    prep_in(&p, &qw, q, "q", F);
+    prep_in(&p, &kw, k, "k", F);
+    prep_in(&p, &vw, v, "v", F);
+    prep_in(&p, &gw, g, "g", F);
+    prep_in(&p, &bw, beta, "beta", F);
+    prep_in(&p, &sw, slots, "slots", LUNAR_DTYPE_I64);
+    check_slots(&p, slots, &sw, B, S);
+    prep_out(&p, &stw, state, "state", F, 1);
+    prep_out(&p, &ow, o, "o", F, 0);
+    if (p.st) return prep_end(&p, p.st);
+    return prep_end(&p, p.be->kda_step(ctx, &ow, &stw, &qw, &kw, &vw, &gw, &bw, &sw));
 }

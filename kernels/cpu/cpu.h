@@ -152,6 +152,13 @@ lunar_status lunar_cpu_conv1d_causal_backward(lunar_ctx *ctx, lunar_tensor *dx, 
                                               const lunar_tensor *dy, const lunar_tensor *x, const lunar_tensor *w,
                                               const lunar_tensor *seg, const lunar_tensor *hist);
 
+/* kda_step.c */
+lunar_status lunar_cpu_conv1d_step(lunar_ctx *ctx, lunar_tensor *y, lunar_tensor *hist, const lunar_tensor *x,
+                                   const lunar_tensor *w, const lunar_tensor *slots);
+lunar_status lunar_cpu_kda_step(lunar_ctx *ctx, lunar_tensor *o, lunar_tensor *state, const lunar_tensor *q,
+                                const lunar_tensor *k, const lunar_tensor *v, const lunar_tensor *g,
+                                const lunar_tensor *beta, const lunar_tensor *slots);
+
 /* hyper.c */
 lunar_status lunar_cpu_hc_weights(lunar_ctx *ctx, lunar_tensor *pre, lunar_tensor *post, lunar_tensor *comb,
                                   const lunar_tensor *z, int64_t n, int iters, float eps);

@@ -162,6 +162,51 @@ T:test('ops.kda: decode steps from the state equal the whole sequence (outputs a
     close(state, fs, 1e-5, 'state after the steps', rel_max)
 end)
 
+T:test('ops.kda_step and conv1d_step: slots of a state updated in place, as one-row segments give', function()
+    -- 5 sequences in slots 4, 0, 2, 6, 1 of a state of 7 slots; 3 steps
+    local S, B, H, Dk, Dv, C, K = 7, 5, 2, 6, 5, 12, 4
+    local slots = lunar.tensor({4, 0, 2, 6, 1}, 'i64')
+    local state = ops.mul(randn(lunar.rng(21), {S, H, Dk, Dv}), 0.3)
+    local hist = randn(lunar.rng(22), {S, K - 1, C})
+    local w = randn(lunar.rng(23), {C, K})
+    local ref_state, ref_hist = ops.index_select(state, 1, slots), ops.index_select(hist, 1, slots)
+    local untouched = ops.index_select(state, 1, lunar.tensor({3, 5}, 'i64'))
+    local seg = seg_of({0, 1, 2, 3, 4, 5})
+    for step = 1, 3 do
+        local q, k, v, g, beta = random_kda(B, H, Dk, Dv, 30 + step)
+        local x = randn(lunar.rng(40 + step), {B, C})
+        local o = ops.kda_step(q, k, v, g, beta, state, slots)
+        local ro, rs = ops.kda(q, k, v, g, beta, seg, {state0 = ref_state, state = true})
+        close(o, ro, 1e-5, 'kda_step output, step ' .. step, rel_max)
+        close(ops.index_select(state, 1, slots), rs, 1e-5, 'kda_step state, step ' .. step, rel_max)
+        ref_state = rs
+        -- the conv: the same bits as conv1d_causal with the history, and the shifted history
+        local y = ops.conv1d_step(x, w, hist, slots)
+        local ry = ops.conv1d_causal(x, w, seg, {hist = ref_hist})
+        T.equal(y, ry, 'conv1d_step output, step ' .. step)
+        local shifted = lunar.empty({B, K - 1, C})
+        shifted:narrow(2, 1, K - 2):copy_(ref_hist:narrow(2, 2, K - 2))
+        shifted:select(2, K - 1):copy_(x)
+        T.equal(ops.index_select(hist, 1, slots), shifted, 'conv1d_step history, step ' .. step)
+        ref_hist = shifted
+    end
+    T.equal(ops.index_select(state, 1, lunar.tensor({3, 5}, 'i64')), untouched, 'other slots untouched')
+    -- a sequence's bits do not depend on the others of the step
+    local q, k, v, g, beta = random_kda(B, H, Dk, Dv, 50)
+    local s1, s2 = state:clone(), state:clone()
+    local all = ops.kda_step(q, k, v, g, beta, s1, slots)
+    local one = ops.kda_step(q:narrow(1, 3, 1), k:narrow(1, 3, 1), v:narrow(1, 3, 1), g:narrow(1, 3, 1),
+                             beta:narrow(1, 3, 1), s2, lunar.tensor({2}, 'i64'))
+    T.equal(one, all:narrow(1, 3, 1), 'one sequence alone, the same bits')
+    -- bad slots: named, nothing written
+    T.raises(function() ops.kda_step(q, k, v, g, beta, state, lunar.tensor({4, 0, 2, 6, 7}, 'i64')) end,
+        "slots 'tensor'[4] = 7 is not a slot of the 7")
+    T.raises(function() ops.kda_step(q, k, v, g, beta, state, lunar.tensor({4, 0, 2, 4, 1}, 'i64')) end,
+        'names slot 4 twice')
+    T.raises(function() ops.conv1d_step(randn(lunar.rng(1), {B, C}), w, lunar.empty({S, K - 2, C}), slots) end,
+        'expected (slots, 3, 12)')
+end)
+
 T:test('ops.kda_backward equals finite differences of the loss on a packed batch', function()
     local seg = {0, 3, 70, 75}
     local N, H, Dk, Dv = 75, 1, 4, 3

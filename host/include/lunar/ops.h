@@ -378,6 +378,25 @@ lunar_status lunar_conv1d_causal_backward(lunar_ctx *ctx, lunar_tensor *dx, luna
                                           const lunar_tensor *x, const lunar_tensor *w, const lunar_tensor *seg,
                                           const lunar_tensor *hist);
 
+/* One decode step of the short conv for B sequences, each from and back to its slot of a cache's
+ * conv state: y[b, c] = sum_{j < K - 1} w[c, j] hist[slots[b], j, c] + w[c, K - 1] x[b, c] (the
+ * order conv1d_causal sums a one-row segment in: the same bits), then hist[slots[b]] drops its
+ * oldest row and takes x[b] as its newest.
+ *   x, y (B, C); w (C, K); hist (slots, K - 1, C), updated in place (NULL when K = 1); slots (B)
+ *   i64, distinct (checked on the CPU). f32. */
+lunar_status lunar_conv1d_step(lunar_ctx *ctx, lunar_tensor *y, lunar_tensor *hist, const lunar_tensor *x,
+                               const lunar_tensor *w, const lunar_tensor *slots);
+/* One token of the gated delta rule for B sequences, each from and back to its slot of a cache's
+ * state (lunar_kda_forward's recurrence, token by token):
+ *   S = state[slots[b], h]: S <- diag(exp(g)) S;  S <- S + k (beta (v - S^T k))^T;  o = S^T q
+ *   q, k, g (B, H, Dk); v, o (B, H, Dv), Dv <= LUNAR_KDA_STEP_MAX_DV; beta (B, H); state (slots, H,
+ *   Dk, Dv) updated in place; slots (B) i64, distinct (checked on the CPU). f32; each (sequence,
+ *   head) computed on its own in a fixed order. */
+#define LUNAR_KDA_STEP_MAX_DV 4096
+lunar_status lunar_kda_step(lunar_ctx *ctx, lunar_tensor *o, lunar_tensor *state, const lunar_tensor *q,
+                            const lunar_tensor *k, const lunar_tensor *v, const lunar_tensor *g,
+                            const lunar_tensor *beta, const lunar_tensor *slots);
+
 /* ---- mHC: hyper-connection residual streams (GLM-5.3-Flash) ------------------------------- */
 
 /* The weights of one hyper-connection site per row, from its pre-activations

@@ -22,9 +22,9 @@
 -- keep what the cache needs: each document's final state and conv inputs, the latents, the
 -- indexer's raw keys, gates and pooled keys.
 --
--- A decode step is one-row segments through the same layers: KDA from each sequence's state and
--- conv history (lunar.ops.kda and the conv with state0 / hist; the new state written back to the
--- sequence's slot), NoPE MLA absorbed over the latents, and the k-pool selection of the new query
+-- A decode step runs the same layers on the new tokens: KDA from and back to each sequence's
+-- slot (lunar.nn.KDA:step: lunar.ops.conv1d_step and kda_step update the cache's state in
+-- place), NoPE MLA absorbed over the latents, and the k-pool selection of the new query
 -- over its sequence's pooled keys: with n tokens, the floor(n / kp) complete pools are the
 -- candidates; when there are more than index_topk / kp of them the indexer scores them
 -- (lunar.ops.index_scores, the training op) and keeps the best; the tail (the n mod kp newest
@@ -187,20 +187,9 @@ end
 
 -- ---- decode step ----------------------------------------------------------------------------------
 
--- one KDA layer for the step's one-row segments, from and back to the sequences' slots
+-- one KDA layer for the step: each sequence's state and conv inputs read and updated in its slot
 local function kda_step(a, cl, xn, step)
-    local S = step.state_slots
-    local hist = {q = ops.index_select(cl.conv_q, 1, S), k = ops.index_select(cl.conv_k, 1, S),
-                  v = ops.index_select(cl.conv_v, 1, S)}
-    local y, s = a:forward(xn, {seg = step.seg, state0 = ops.index_select(cl.state, 1, S), hist = hist,
-                                want_state = true, linear = ROW_INVARIANT})
-    for k, slot in ipairs(step.slot_list) do
-        put(cl.state, slot, s.state, k)
-        put(cl.conv_q, slot, s.hist_out.q, k)
-        put(cl.conv_k, slot, s.hist_out.k, k)
-        put(cl.conv_v, slot, s.hist_out.v, k)
-    end
-    return y
+    return a:step(xn, cl, step.state_slots, ROW_INVARIANT)
 end
 
 -- the new token's raw key and gate into its sequence's open pool; a pool completed by it has

@@ -70,26 +70,26 @@ local function l2norm_backward(dy, x, rstd, D, s)
     return ops.rmsnorm_backward(ops.mul(dy, s / math.sqrt(D)), x, nil, rstd)
 end
 
-function KDA:forward(x, ctx)
-    local N, Hk, Dk, Q = x:size(1), self.Hk, self.Dk, self.Q
-    local sv = {ctx = ctx, N = N}
-    local lo = ctx.linear
-    x = self.input:forward(x)
-    local xm = ctx.valid and ops.mul(x, ctx.valid) or x
-    sv.xm = xm
-    -- projections and the short conv, each of q, k, v on its own (the conv is depthwise)
+-- q, k (normed), v (N, Hk, Dk) of xm through the projections, conv(which, p) -> the conv's
+-- output, and SiLU; sv gets each one's saved state
+local function qkv(self, xm, lo, conv, sv)
+    local N, Hk, Dk = xm:size(1), self.Hk, self.Dk
     local act = {}
     for _, w in ipairs({'q', 'k', 'v'}) do
         local p, sp = self[w .. '_proj']:forward(xm, lo)
-        local c = ops.conv1d_causal(p, conv_weight(self, w), ctx.seg, {hist = ctx.hist and ctx.hist[w]})
+        local c = conv(w, p)
         sv[w] = {sp = sp, p = p, c = c}
         act[w] = ops.silu(c)
     end
     local qn, q_rstd = l2norm(act.q:view(N * Hk, Dk), Dk, 1 / math.sqrt(Dk))
     local kn, k_rstd = l2norm(act.k:view(N * Hk, Dk), Dk, 1)
     sv.q.act, sv.q.rstd, sv.k.act, sv.k.rstd = act.q, q_rstd, act.k, k_rstd
-    local q, k, v = qn:view(N, Hk, Dk), kn:view(N, Hk, Dk), act.v:view(N, Hk, Dk)
-    -- the forget gate (a log decay per channel)
+    return qn:view(N, Hk, Dk), kn:view(N, Hk, Dk), act.v:view(N, Hk, Dk)
+end
+
+-- the forget gate g (N, Hk, Dk) (a log decay per channel) and beta (N, Hk) of xm
+local function gate_and_beta(self, xm, lo, sv)
+    local N, Hk, Dk = xm:size(1), self.Hk, self.Dk
     local fa, s_fa = self.f_a_proj:forward(xm, lo)
     local f, s_fb = self.f_b_proj:forward(fa, lo)
     f = ops.add(f:float(), self.store:get(self.dt_bias))
@@ -103,21 +103,54 @@ function KDA:forward(x, ctx)
     end
     sv.gate = {s_fa = s_fa, s_fb = s_fb, f = f, A = A, z = z}
     local bl, s_b = self.b_proj:forward(xm, lo)
-    local beta = ops.sigmoid(bl:float())
     sv.beta = {s_b = s_b, logit = bl}
-    local o, state = ops.kda(q, k, v, g, beta, ctx.seg, {state0 = ctx.state0, state = ctx.want_state})
-    sv.kda = {q = q, k = k, v = v, g = g, beta = beta}
-    sv.state = state
-    if ctx.want_state then sv.hist_out = self:_conv_states(sv, ctx) end
-    -- the gated output norm (f32), then o_proj
+    return g, ops.sigmoid(bl:float())
+end
+
+-- the gated output norm (f32) of the rule's output o (N, Hk, Dk), then o_proj (in dt)
+local function gated_output(self, o, xm, dt, lo, sv)
+    local N, Hk, Dk, Q = xm:size(1), self.Hk, self.Dk, self.Q
     local ga, s_ga = self.g_a_proj:forward(xm, lo)
     local gate, s_gb = self.g_b_proj:forward(ga, lo)
     local on, o_rstd = ops.rmsnorm(o:view(N * Hk, Dk), self.store:get(self.o_norm):float(), self.eps)
     local sg = ops.sigmoid(gate:float():view(N * Hk, Dk))
-    local y_in = ops.mul(on, sg):view(N, Q):to(x:dtype())
+    local y_in = ops.mul(on, sg):view(N, Q):to(dt)
     local y, s_o = self.o_proj:forward(y_in, lo)
     sv.out = {s_ga = s_ga, s_gb = s_gb, o = o, o_rstd = o_rstd, on = on, gate = gate, sg = sg, s_o = s_o}
-    return self.output:forward(y), sv   -- (tensor parallel: the heads' partial sums reduced)
+    return self.output:forward(y)   -- (tensor parallel: the heads' partial sums reduced)
+end
+
+function KDA:forward(x, ctx)
+    local sv = {ctx = ctx, N = x:size(1)}
+    local lo = ctx.linear
+    x = self.input:forward(x)
+    local xm = ctx.valid and ops.mul(x, ctx.valid) or x
+    sv.xm = xm
+    -- projections and the short conv, each of q, k, v on its own (the conv is depthwise)
+    local q, k, v = qkv(self, xm, lo, function(w, p)
+        return ops.conv1d_causal(p, conv_weight(self, w), ctx.seg, {hist = ctx.hist and ctx.hist[w]})
+    end, sv)
+    local g, beta = gate_and_beta(self, xm, lo, sv)
+    local o, state = ops.kda(q, k, v, g, beta, ctx.seg, {state0 = ctx.state0, state = ctx.want_state})
+    sv.kda = {q = q, k = k, v = v, g = g, beta = beta}
+    sv.state = state
+    if ctx.want_state then sv.hist_out = self:_conv_states(sv, ctx) end
+    return gated_output(self, o, xm, x:dtype(), lo, sv), sv
+end
+
+-- step(x, cache, slots, lopts) -> y: one new token per row of x (B, H), each row's sequence held
+-- in slot slots[b] (a (B) i64 tensor) of a generation cache's tensors cache = {state = (S, Hk,
+-- Dk, Dk), conv_q =, conv_k =, conv_v = (S, Kc - 1, Q)}, all updated in place (lunar.ops
+-- conv1d_step and kda_step: the same math as forward on one-row segments from those states)
+function KDA:step(x, cache, slots, lo)
+    local sv = {}
+    x = self.input:forward(x)
+    local q, k, v = qkv(self, x, lo, function(w, p)
+        return ops.conv1d_step(p, conv_weight(self, w), self.Kc > 1 and cache['conv_' .. w] or nil, slots)
+    end, sv)
+    local g, beta = gate_and_beta(self, x, lo, sv)
+    local o = ops.kda_step(q, k, v, g, beta, cache.state, slots)
+    return gated_output(self, o, x, x:dtype(), lo, sv)
 end
 
 -- softplus(f) with torch's threshold: f above 20 stays f

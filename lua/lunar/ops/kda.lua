@@ -11,6 +11,12 @@
 --       x (N, C), w (C, K): y[t] = sum_j w[:, j] x[t - K + 1 + j] within each segment, the rows
 --       before its first from hist (nseg, K - 1, C) or zeros. y f32.
 --   conv1d_causal_backward(dy, x, w, seg, {hist=, dw=})         -> dx, dw (dw accumulated into)
+-- A decode step, one new row per sequence, each from and back to its slot (a cache's state):
+--   conv1d_step(x, w, hist, slots, {out=})                      -> y (B, C) f32
+--       x (B, C), w (C, K), hist (slots, K - 1, C) f32 (nil when K = 1): its rows slots (B) i64
+--       shift by one and take x, updated in place; y the bits of conv1d_causal on one-row segments.
+--   kda_step(q, k, v, g, beta, state, slots, {out=})            -> o (B, H, Dv) f32
+--       state (slots, H, Dk, Dv) f32: its rows slots (B) i64 take one token, in place.
 local core = require 'lunar.core'
 local tensor = require 'lunar.tensor'
 local C = core.ops
@@ -50,6 +56,19 @@ function M.conv1d_causal(x, w, seg, opts)
     opts = opts or {}
     check(x, 'x', 'conv1d_causal')
     return C.conv1d_causal_forward(opts.out or f32_like(x), x, w, seg, opts.hist)
+end
+
+function M.conv1d_step(x, w, hist, slots, opts)
+    opts = opts or {}
+    check(x, 'x', 'conv1d_step')
+    return C.conv1d_step(opts.out or f32_like(x), hist, x, w, slots)
+end
+
+function M.kda_step(q, k, v, g, beta, state, slots, opts)
+    opts = opts or {}
+    check(q, 'q', 'kda_step')
+    check(v, 'v', 'kda_step')
+    return C.kda_step(opts.out or f32_like(v), state, q, k, v, g, beta, slots)
 end
 
 function M.conv1d_causal_backward(dy, x, w, seg, opts)
