@@ -215,6 +215,18 @@ static lunar_backend make_cuda_backend(void) {
     b.attention_paged = lunar_cuda_attention_paged;
     b.adamw_step = lunar_cuda_adamw_step;
     b.fp8_block_dequant = lunar_cuda_fp8_block_dequant;
+    b.kda_forward = lunar_cuda_kda_forward;
+    b.kda_backward = lunar_cuda_kda_backward;
+    b.kda_step = lunar_cuda_kda_step;
+    b.conv1d_causal_forward = lunar_cuda_conv1d_causal_forward;
+    b.conv1d_causal_backward = lunar_cuda_conv1d_causal_backward;
+    b.conv1d_step = lunar_cuda_conv1d_step;
+    b.hc_weights = lunar_cuda_hc_weights;
+    b.hc_weights_backward = lunar_cuda_hc_weights_backward;
+    b.hc_mix = lunar_cuda_hc_mix;
+    b.hc_mix_backward = lunar_cuda_hc_mix_backward;
+    b.hc_collapse = lunar_cuda_hc_collapse;
+    b.hc_collapse_backward = lunar_cuda_hc_collapse_backward;
     return b;
 }
 

@@ -141,6 +141,41 @@ lunar_status lunar_cuda_adamw_step(lunar_ctx *ctx, lunar_tensor *param, lunar_te
 lunar_status lunar_cuda_fp8_block_dequant(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *q,
                                           const lunar_tensor *scale_inv, int64_t block_m, int64_t block_n);
 
+/* kda.cu */
+lunar_status lunar_cuda_kda_forward(lunar_ctx *ctx, lunar_tensor *o, lunar_tensor *state, const lunar_tensor *q,
+                                    const lunar_tensor *k, const lunar_tensor *v, const lunar_tensor *g,
+                                    const lunar_tensor *beta, const lunar_tensor *seg, const lunar_tensor *state0);
+lunar_status lunar_cuda_kda_backward(lunar_ctx *ctx, lunar_tensor *dq, lunar_tensor *dk, lunar_tensor *dv,
+                                     lunar_tensor *dg, lunar_tensor *dbeta, lunar_tensor *dstate0,
+                                     const lunar_tensor *dout, const lunar_tensor *dstate, const lunar_tensor *q,
+                                     const lunar_tensor *k, const lunar_tensor *v, const lunar_tensor *g,
+                                     const lunar_tensor *beta, const lunar_tensor *seg, const lunar_tensor *state0);
+lunar_status lunar_cuda_kda_step(lunar_ctx *ctx, lunar_tensor *o, lunar_tensor *state, const lunar_tensor *q,
+                                 const lunar_tensor *k, const lunar_tensor *v, const lunar_tensor *g,
+                                 const lunar_tensor *beta, const lunar_tensor *slots);
+lunar_status lunar_cuda_conv1d_causal_forward(lunar_ctx *ctx, lunar_tensor *y, const lunar_tensor *x,
+                                              const lunar_tensor *w, const lunar_tensor *seg, const lunar_tensor *hist);
+lunar_status lunar_cuda_conv1d_causal_backward(lunar_ctx *ctx, lunar_tensor *dx, lunar_tensor *dw,
+                                               const lunar_tensor *dy, const lunar_tensor *x, const lunar_tensor *w,
+                                               const lunar_tensor *seg, const lunar_tensor *hist);
+lunar_status lunar_cuda_conv1d_step(lunar_ctx *ctx, lunar_tensor *y, lunar_tensor *hist, const lunar_tensor *x,
+                                    const lunar_tensor *w, const lunar_tensor *slots);
+
+/* hyper.cu */
+lunar_status lunar_cuda_hc_weights(lunar_ctx *ctx, lunar_tensor *pre, lunar_tensor *post, lunar_tensor *comb,
+                                   const lunar_tensor *z, int64_t n, int iters, float eps);
+lunar_status lunar_cuda_hc_weights_backward(lunar_ctx *ctx, lunar_tensor *dz, const lunar_tensor *dpre,
+                                            const lunar_tensor *dpost, const lunar_tensor *dcomb, const lunar_tensor *z,
+                                            int64_t n, int iters, float eps);
+lunar_status lunar_cuda_hc_mix(lunar_ctx *ctx, lunar_tensor *y, const lunar_tensor *x, const lunar_tensor *a,
+                               const lunar_tensor *post, const lunar_tensor *comb);
+lunar_status lunar_cuda_hc_mix_backward(lunar_ctx *ctx, lunar_tensor *dx, lunar_tensor *da, lunar_tensor *dpost,
+                                        lunar_tensor *dcomb, const lunar_tensor *dy, const lunar_tensor *x,
+                                        const lunar_tensor *a, const lunar_tensor *post, const lunar_tensor *comb);
+lunar_status lunar_cuda_hc_collapse(lunar_ctx *ctx, lunar_tensor *u, const lunar_tensor *x, const lunar_tensor *pre);
+lunar_status lunar_cuda_hc_collapse_backward(lunar_ctx *ctx, lunar_tensor *dx, lunar_tensor *dpre,
+                                             const lunar_tensor *du, const lunar_tensor *x, const lunar_tensor *pre);
+
 #ifdef __cplusplus
 }
 #endif

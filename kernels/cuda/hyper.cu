@@ -1,0 +1,265 @@
+// hyper.cu: mHC (GLM-5.3-Flash's hyper-connection residual streams) on the GPU, f32 (contracts
+// in lunar/ops.h: lunar_hc_weights, lunar_hc_mix, lunar_hc_collapse and their backwards).
+//
+// The CPU kernel's (kernels/cpu/hyper.c) math in the same order: the weights one thread per row,
+// in f64 (the softmax and every Sinkhorn division, rounded once), the backward rebuilding the
+// row's iterations from the softmax in a scratch of its own; the stream mixes one thread per
+// output element or per sum, each over its terms in the CPU's order.
+#include "common.cuh"
+
+__device__ __forceinline__ double hc_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+__device__ void hc_softmax_dev(double *c, const float *z, int64_t n, double eps) {
+    for (int64_t i = 0; i < n; i++) {
+        const float *zi = z + i * n;
+        double *ci = c + i * n;
+        double m = zi[0];
+        for (int64_t j = 1; j < n; j++) m = zi[j] > m ? zi[j] : m;
+        double s = 0;
+        for (int64_t j = 0; j < n; j++) s += ci[j] = exp(zi[j] - m);
+        for (int64_t j = 0; j < n; j++) ci[j] = ci[j] / s + eps;
+    }
+}
+
+__device__ void hc_divide_dev(double *c, double *den, int64_t n, int cols, double eps) {
+    for (int64_t a = 0; a < n; a++) {
+        double s = 0;
+        for (int64_t b = 0; b < n; b++) s += cols ? c[b * n + a] : c[a * n + b];
+        den[a] = s + eps;
+    }
+    for (int64_t a = 0; a < n; a++)
+        for (int64_t b = 0; b < n; b++) c[a * n + b] /= cols ? den[b] : den[a];
+}
+
+// scratch per row: c (n x n), den (n)
+__global__ void hc_weights_kernel(float *pre, float *post, float *comb, const float *z, double *scr, int64_t N,
+                                  int64_t n, int iters, float eps) {
+    int64_t M = (2 + n) * n, nn = n * n;
+    int steps = 2 * iters - 1;
+    LUNAR_GRID_STRIDE(r, N) {
+        const float *zr = z + r * M;
+        double *c = scr + r * (nn + n), *den = c + nn;
+        for (int64_t i = 0; i < n; i++) {
+            pre[r * n + i] = (float)(hc_sigmoid(zr[i]) + eps);
+            post[r * n + i] = (float)(2.0 * hc_sigmoid(zr[n + i]));
+        }
+        hc_softmax_dev(c, zr + 2 * n, n, eps);
+        for (int k = 0; k < steps; k++) hc_divide_dev(c, den, n, k % 2 == 0, eps);
+        for (int64_t e = 0; e < nn; e++) comb[r * nn + e] = (float)c[e];
+    }
+}
+
+// scratch per row: (steps + 1) matrices, steps dens, dc, dx
+__global__ void hc_weights_bwd_kernel(float *dz, const float *dpre, const float *dpost, const float *dcomb,
+                                      const float *z, double *scr, int64_t N, int64_t n, int iters, float eps) {
+    int64_t M = (2 + n) * n, nn = n * n;
+    int steps = 2 * iters - 1;
+    int64_t wf = (steps + 1) * nn + steps * n + 2 * nn;
+    LUNAR_GRID_STRIDE(r, N) {
+        double *mats = scr + r * wf, *dens = mats + (steps + 1) * nn, *dc = dens + steps * n, *dx = dc + nn;
+        const float *zr = z + r * M;
+        float *gr = dz + r * M;
+        for (int64_t i = 0; i < n; i++) {
+            double sp = hc_sigmoid(zr[i]), sq = hc_sigmoid(zr[n + i]);
+            gr[i] = (float)(dpre[r * n + i] * sp * (1 - sp));
+            gr[n + i] = (float)(dpost[r * n + i] * 2.0 * sq * (1 - sq));
+        }
+        hc_softmax_dev(mats, zr + 2 * n, n, eps);
+        for (int k = 0; k < steps; k++) {
+            for (int64_t e = 0; e < nn; e++) mats[(k + 1) * nn + e] = mats[k * nn + e];
+            hc_divide_dev(mats + (k + 1) * nn, dens + k * n, n, k % 2 == 0, eps);
+        }
+        for (int64_t e = 0; e < nn; e++) dc[e] = dcomb[r * nn + e];
+        for (int k = steps - 1; k >= 0; k--) {
+            const double *x = mats + k * nn, *den = dens + k * n;
+            int cols = k % 2 == 0;
+            for (int64_t a = 0; a < n; a++) {
+                double s = 0;
+                for (int64_t b = 0; b < n; b++) {
+                    int64_t e = cols ? b * n + a : a * n + b;
+                    s += dc[e] * x[e];
+                }
+                double d = den[a], q = s / (d * d);
+                for (int64_t b = 0; b < n; b++) {
+                    int64_t e = cols ? b * n + a : a * n + b;
+                    dx[e] = dc[e] / d - q;
+                }
+            }
+            for (int64_t e = 0; e < nn; e++) dc[e] = dx[e];
+        }
+        for (int64_t i = 0; i < n; i++) {
+            double s = 0;
+            for (int64_t j = 0; j < n; j++) s += dc[i * n + j] * (mats[i * n + j] - eps);
+            for (int64_t j = 0; j < n; j++) gr[2 * n + i * n + j] = (float)((mats[i * n + j] - eps) * (dc[i * n + j] - s));
+        }
+    }
+}
+
+// y[r, i, h] = post[r, i] a[r, h] + sum_j comb[r, j, i] x[r, j, h]
+__global__ void hc_mix_kernel(float *y, const float *x, const float *a, const float *post, const float *comb, int64_t N,
+                              int64_t n, int64_t H) {
+    LUNAR_GRID_STRIDE(idx, N * n * H) {
+        int64_t h = idx % H, i = (idx / H) % n, r = idx / (n * H);
+        float acc = post[r * n + i] * a[r * H + h];
+        for (int64_t j = 0; j < n; j++) acc += comb[(r * n + j) * n + i] * x[(r * n + j) * H + h];
+        y[idx] = acc;
+    }
+}
+
+// da[r, h] = sum_i post[r, i] dy[r, i, h];  dx[r, j, h] = sum_i comb[r, j, i] dy[r, i, h]
+__global__ void hc_mix_bwd_rows_kernel(float *dx, float *da, const float *dy, const float *post, const float *comb,
+                                       int64_t N, int64_t n, int64_t H) {
+    LUNAR_GRID_STRIDE(idx, N * (n + 1) * H) {
+        int64_t h = idx % H, j = (idx / H) % (n + 1), r = idx / ((n + 1) * H);
+        float acc = 0;
+        if (j == n) {
+            for (int64_t i = 0; i < n; i++) acc += post[r * n + i] * dy[(r * n + i) * H + h];
+            da[r * H + h] = acc;
+        } else {
+            for (int64_t i = 0; i < n; i++) acc += comb[(r * n + j) * n + i] * dy[(r * n + i) * H + h];
+            dx[(r * n + j) * H + h] = acc;
+        }
+    }
+}
+
+// dpost[r, i] = sum_h dy[r, i, h] a[r, h];  dcomb[r, j, i] = sum_h dy[r, i, h] x[r, j, h]
+__global__ void hc_mix_bwd_weights_kernel(float *dpost, float *dcomb, const float *dy, const float *x, const float *a,
+                                          int64_t N, int64_t n, int64_t H) {
+    LUNAR_GRID_STRIDE(idx, N * (n + 1) * n) {
+        int64_t i = idx % n, j = (idx / n) % (n + 1), r = idx / ((n + 1) * n);
+        const float *gi = dy + (r * n + i) * H;
+        const float *other = j == n ? a + r * H : x + (r * n + j) * H;
+        float acc = 0;
+        for (int64_t h = 0; h < H; h++) acc += gi[h] * other[h];
+        if (j == n) dpost[r * n + i] = acc;
+        else dcomb[(r * n + j) * n + i] = acc;
+    }
+}
+
+// u[r, h] = sum_j pre[r, j] x[r, j, h]
+__global__ void hc_collapse_kernel(float *u, const float *x, const float *pre, int64_t N, int64_t n, int64_t H) {
+    LUNAR_GRID_STRIDE(idx, N * H) {
+        int64_t h = idx % H, r = idx / H;
+        float acc = 0;
+        for (int64_t j = 0; j < n; j++) acc += pre[r * n + j] * x[(r * n + j) * H + h];
+        u[idx] = acc;
+    }
+}
+
+// dx[r, j, h] += pre[r, j] du[r, h]
+__global__ void hc_collapse_bwd_dx_kernel(float *dx, const float *du, const float *pre, int64_t N, int64_t n, int64_t H) {
+    LUNAR_GRID_STRIDE(idx, N * n * H) {
+        int64_t h = idx % H, rj = idx / H, r = rj / n;
+        dx[idx] += pre[rj] * du[r * H + h];
+    }
+}
+
+// dpre[r, j] = sum_h du[r, h] x[r, j, h]
+__global__ void hc_collapse_bwd_dpre_kernel(float *dpre, const float *du, const float *x, int64_t N, int64_t n, int64_t H) {
+    LUNAR_GRID_STRIDE(rj, N * n) {
+        int64_t r = rj / n;
+        float acc = 0;
+        for (int64_t h = 0; h < H; h++) acc += du[r * H + h] * x[rj * H + h];
+        dpre[rj] = acc;
+    }
+}
+
+#define F(t) ((float *)lunar_tensor_data(t))
+#define CF(t) ((const float *)lunar_tensor_data(t))
+
+// a scratch of n doubles on the tensor's device (released by the caller)
+static lunar_status hc_scratch(lunar_ctx *ctx, lunar_tensor *scr, const lunar_tensor *like, int64_t n) {
+    return lunar_tensor_new(ctx, scr, LUNAR_DTYPE_F64, lunar_tensor_device(like), 1, &n);
+}
+
+extern "C" lunar_status lunar_cuda_hc_weights(lunar_ctx *ctx, lunar_tensor *pre, lunar_tensor *post, lunar_tensor *comb,
+                                              const lunar_tensor *z, int64_t n, int iters, float eps) {
+    int64_t N = z->shape[0];
+    if (N == 0) return LUNAR_OK;
+    cudaStream_t stream;
+    LUNAR_TRY(lunar_cuda_stream_for(ctx, z, &stream));
+    lunar_tensor scr = {0};
+    LUNAR_TRY(hc_scratch(ctx, &scr, z, N * (n * n + n)));
+    hc_weights_kernel<<<lunar_cuda_grid(N, 128), 128, 0, stream>>>(F(pre), F(post), F(comb), CF(z),
+                                                                  (double *)lunar_tensor_data(&scr), N, n, iters, eps);
+    cudaError_t e = cudaGetLastError();
+    lunar_tensor_release(ctx, &scr);
+    if (e != cudaSuccess) return LUNAR_FAIL(ctx, LUNAR_ERR_CUDA, "hc_weights launch: %s", cudaGetErrorString(e));
+    return LUNAR_OK;
+}
+
+extern "C" lunar_status lunar_cuda_hc_weights_backward(lunar_ctx *ctx, lunar_tensor *dz, const lunar_tensor *dpre,
+                                                       const lunar_tensor *dpost, const lunar_tensor *dcomb,
+                                                       const lunar_tensor *z, int64_t n, int iters, float eps) {
+    int64_t N = z->shape[0];
+    if (N == 0) return LUNAR_OK;
+    cudaStream_t stream;
+    LUNAR_TRY(lunar_cuda_stream_for(ctx, z, &stream));
+    int steps = 2 * iters - 1;
+    int64_t wf = (steps + 1) * n * n + steps * n + 2 * n * n;
+    lunar_tensor scr = {0};
+    LUNAR_TRY(hc_scratch(ctx, &scr, z, N * wf));
+    hc_weights_bwd_kernel<<<lunar_cuda_grid(N, 128), 128, 0, stream>>>(F(dz), CF(dpre), CF(dpost), CF(dcomb), CF(z),
+                                                                      (double *)lunar_tensor_data(&scr), N, n, iters,
+                                                                      eps);
+    cudaError_t e = cudaGetLastError();
+    lunar_tensor_release(ctx, &scr);
+    if (e != cudaSuccess) return LUNAR_FAIL(ctx, LUNAR_ERR_CUDA, "hc_weights_backward launch: %s", cudaGetErrorString(e));
+    return LUNAR_OK;
+}
+
+extern "C" lunar_status lunar_cuda_hc_mix(lunar_ctx *ctx, lunar_tensor *y, const lunar_tensor *x, const lunar_tensor *a,
+                                          const lunar_tensor *post, const lunar_tensor *comb) {
+    int64_t N = x->shape[0], n = x->shape[1], H = x->shape[2];
+    if (N * n * H == 0) return LUNAR_OK;
+    cudaStream_t stream;
+    LUNAR_TRY(lunar_cuda_stream_for(ctx, x, &stream));
+    hc_mix_kernel<<<lunar_cuda_grid(N * n * H), LUNAR_CUDA_BLOCK, 0, stream>>>(F(y), CF(x), CF(a), CF(post), CF(comb), N,
+                                                                               n, H);
+    LUNAR_CUDA_LAUNCH_CHECK(ctx, "hc_mix");
+    return LUNAR_OK;
+}
+
+extern "C" lunar_status lunar_cuda_hc_mix_backward(lunar_ctx *ctx, lunar_tensor *dx, lunar_tensor *da, lunar_tensor *dpost,
+                                                   lunar_tensor *dcomb, const lunar_tensor *dy, const lunar_tensor *x,
+                                                   const lunar_tensor *a, const lunar_tensor *post,
+                                                   const lunar_tensor *comb) {
+    int64_t N = x->shape[0], n = x->shape[1], H = x->shape[2];
+    if (N * n == 0) return LUNAR_OK;
+    cudaStream_t stream;
+    LUNAR_TRY(lunar_cuda_stream_for(ctx, x, &stream));
+    hc_mix_bwd_rows_kernel<<<lunar_cuda_grid(N * (n + 1) * H), LUNAR_CUDA_BLOCK, 0, stream>>>(F(dx), F(da), CF(dy),
+                                                                                              CF(post), CF(comb), N, n, H);
+    LUNAR_CUDA_LAUNCH_CHECK(ctx, "hc_mix_backward (dx, da)");
+    hc_mix_bwd_weights_kernel<<<lunar_cuda_grid(N * (n + 1) * n), LUNAR_CUDA_BLOCK, 0, stream>>>(F(dpost), F(dcomb),
+                                                                                                 CF(dy), CF(x), CF(a),
+                                                                                                 N, n, H);
+    LUNAR_CUDA_LAUNCH_CHECK(ctx, "hc_mix_backward (dpost, dcomb)");
+    return LUNAR_OK;
+}
+
+extern "C" lunar_status lunar_cuda_hc_collapse(lunar_ctx *ctx, lunar_tensor *u, const lunar_tensor *x,
+                                               const lunar_tensor *pre) {
+    int64_t N = x->shape[0], n = x->shape[1], H = x->shape[2];
+    if (N * H == 0) return LUNAR_OK;
+    cudaStream_t stream;
+    LUNAR_TRY(lunar_cuda_stream_for(ctx, x, &stream));
+    hc_collapse_kernel<<<lunar_cuda_grid(N * H), LUNAR_CUDA_BLOCK, 0, stream>>>(F(u), CF(x), CF(pre), N, n, H);
+    LUNAR_CUDA_LAUNCH_CHECK(ctx, "hc_collapse");
+    return LUNAR_OK;
+}
+
+extern "C" lunar_status lunar_cuda_hc_collapse_backward(lunar_ctx *ctx, lunar_tensor *dx, lunar_tensor *dpre,
+                                                        const lunar_tensor *du, const lunar_tensor *x,
+                                                        const lunar_tensor *pre) {
+    int64_t N = x->shape[0], n = x->shape[1], H = x->shape[2];
+    if (N * n == 0) return LUNAR_OK;
+    cudaStream_t stream;
+    LUNAR_TRY(lunar_cuda_stream_for(ctx, x, &stream));
+    hc_collapse_bwd_dx_kernel<<<lunar_cuda_grid(N * n * H), LUNAR_CUDA_BLOCK, 0, stream>>>(F(dx), CF(du), CF(pre), N, n,
+                                                                                           H);
+    LUNAR_CUDA_LAUNCH_CHECK(ctx, "hc_collapse_backward (dx)");
+    hc_collapse_bwd_dpre_kernel<<<lunar_cuda_grid(N * n), LUNAR_CUDA_BLOCK, 0, stream>>>(F(dpre), CF(du), CF(x), N, n, H);
+    LUNAR_CUDA_LAUNCH_CHECK(ctx, "hc_collapse_backward (dpre)");
+    return LUNAR_OK;
+}
