@@ -9,12 +9,15 @@
 // update, so the threads never exchange state; the token's q, k and decay go through shared memory.
 // The backward needs each token's state again, in reverse order: a forward pass writes the state
 // at the start of every chunk of KDA_CUDA_CHUNK tokens, then each chunk, last first, is recomputed
-// into a per-block buffer and walked backwards (the adjoint of docs/flash.md's recurrence). The
-// sums over the columns (dq, dk, dg, dbeta) go through shared memory in a fixed order, so the
-// results do not depend on the launch. Limits: Dk <= KDA_CUDA_MAX_DK, Dv <= 1024.
+// into a per-block buffer and walked backwards (the recurrence's adjoint, as kernels/cpu/kda.c
+// runs it; the states are rebuilt in f32, the adjoint summed in f64). The sums over the columns
+// (dq, dk, dg, dbeta) go through shared memory in a fixed order, so the results do not depend on
+// the launch. Limits: Dk <= KDA_CUDA_MAX_DK; Dv <= 1024 (LUNAR_KDA_STEP_MAX_DV), and <= 512 for
+// the backward, whose column sums take Dv x 32 doubles of shared memory.
 //
 // The conv kernels take one thread per output element, each summing in the CPU kernel's order.
 #include "common.cuh"
+#include "lunar/ops.h"
 
 #define KDA_CUDA_MAX_DK 256
 #define KDA_CUDA_CHUNK 64
@@ -286,10 +289,10 @@ __global__ void kda_step_kernel(float *o, float *state, const float *q, const fl
 
 // ---- launchers ----------------------------------------------------------------------------------
 
-static lunar_status kda_check_dims(lunar_ctx *ctx, const char *op, int64_t Dk, int64_t Dv) {
-    if (Dk > KDA_CUDA_MAX_DK || Dv > 1024)
-        return LUNAR_FAIL(ctx, LUNAR_ERR_SHAPE, "%s on CUDA: head dims Dk = %lld (at most %d), Dv = %lld (at most 1024)",
-                          op, (long long)Dk, KDA_CUDA_MAX_DK, (long long)Dv);
+static lunar_status kda_check_dims(lunar_ctx *ctx, const char *op, int64_t Dk, int64_t Dv, int64_t max_dv) {
+    if (Dk > KDA_CUDA_MAX_DK || Dv > max_dv)
+        return LUNAR_FAIL(ctx, LUNAR_ERR_SHAPE, "%s on CUDA: head dims Dk = %lld (at most %d), Dv = %lld (at most %lld)",
+                          op, (long long)Dk, KDA_CUDA_MAX_DK, (long long)Dv, (long long)max_dv);
     return LUNAR_OK;
 }
 
@@ -303,7 +306,7 @@ extern "C" lunar_status lunar_cuda_kda_forward(lunar_ctx *ctx, lunar_tensor *o, 
                                                const lunar_tensor *beta, const lunar_tensor *seg,
                                                const lunar_tensor *state0) {
     int64_t H = q->shape[1], Dk = q->shape[2], Dv = v->shape[2], nseg = seg->shape[0] - 1;
-    LUNAR_TRY(kda_check_dims(ctx, "kda_forward", Dk, Dv));
+    LUNAR_TRY(kda_check_dims(ctx, "kda_forward", Dk, Dv, 1024));
     if (nseg * H == 0) return LUNAR_OK;
     cudaStream_t stream;
     LUNAR_TRY(lunar_cuda_stream_for(ctx, q, &stream));
@@ -323,7 +326,7 @@ extern "C" lunar_status lunar_cuda_kda_backward(lunar_ctx *ctx, lunar_tensor *dq
                                                 const lunar_tensor *g, const lunar_tensor *beta, const lunar_tensor *seg,
                                                 const lunar_tensor *state0) {
     int64_t N = q->shape[0], H = q->shape[1], Dk = q->shape[2], Dv = v->shape[2], nseg = seg->shape[0] - 1;
-    LUNAR_TRY(kda_check_dims(ctx, "kda_backward", Dk, Dv));
+    LUNAR_TRY(kda_check_dims(ctx, "kda_backward", Dk, Dv, 512));
     if (nseg * H == 0) return LUNAR_OK;
     cudaStream_t stream;
     LUNAR_TRY(lunar_cuda_stream_for(ctx, q, &stream));
@@ -357,7 +360,7 @@ extern "C" lunar_status lunar_cuda_kda_step(lunar_ctx *ctx, lunar_tensor *o, lun
                                             const lunar_tensor *k, const lunar_tensor *v, const lunar_tensor *g,
                                             const lunar_tensor *beta, const lunar_tensor *slots) {
     int64_t B = q->shape[0], H = q->shape[1], Dk = q->shape[2], Dv = v->shape[2];
-    LUNAR_TRY(kda_check_dims(ctx, "kda_step", Dk, Dv));
+    LUNAR_TRY(kda_check_dims(ctx, "kda_step", Dk, Dv, LUNAR_KDA_STEP_MAX_DV));
     if (B * H == 0) return LUNAR_OK;
     cudaStream_t stream;
     LUNAR_TRY(lunar_cuda_stream_for(ctx, q, &stream));

@@ -392,7 +392,7 @@ lunar_status lunar_conv1d_step(lunar_ctx *ctx, lunar_tensor *y, lunar_tensor *hi
  *   q, k, g (B, H, Dk); v, o (B, H, Dv), Dv <= LUNAR_KDA_STEP_MAX_DV; beta (B, H); state (slots, H,
  *   Dk, Dv) updated in place; slots (B) i64, distinct (checked on the CPU). f32; each (sequence,
  *   head) computed on its own in a fixed order. */
-#define LUNAR_KDA_STEP_MAX_DV 4096
+#define LUNAR_KDA_STEP_MAX_DV 1024
 lunar_status lunar_kda_step(lunar_ctx *ctx, lunar_tensor *o, lunar_tensor *state, const lunar_tensor *q,
                             const lunar_tensor *k, const lunar_tensor *v, const lunar_tensor *g,
                             const lunar_tensor *beta, const lunar_tensor *slots);
