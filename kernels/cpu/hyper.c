@@ -14,36 +14,7 @@
 #include <string.h>
 
 #include "cpu.h"
-
-static double sigmoid_(double x) { return 1.0 / (1.0 + exp(-x)); }
-
-/* softmax of each row of the n x n logits z into c, plus eps */
-static void hc_softmax(double *c, const float *z, int64_t n, double eps) {
-    for (int64_t i = 0; i < n; i++) {
-        const float *zi = z + i * n;
-        double *ci = c + i * n;
-        double m = zi[0];
-        for (int64_t j = 1; j < n; j++) m = zi[j] > m ? zi[j] : m;
-        double s = 0;
-        for (int64_t j = 0; j < n; j++) s += ci[j] = exp(zi[j] - m);
-        for (int64_t j = 0; j < n; j++) ci[j] = ci[j] / s + eps;
-    }
-}
-
-/* one Sinkhorn division of c (n x n) in place: columns (sum over the row index) when cols, else
- * rows; the sums + eps into den */
-static void hc_divide(double *c, double *den, int64_t n, int cols, double eps) {
-    for (int64_t a = 0; a < n; a++) {
-        double s = 0;
-        for (int64_t b = 0; b < n; b++) s += cols ? c[b * n + a] : c[a * n + b];
-        den[a] = s + eps;
-    }
-    for (int64_t a = 0; a < n; a++)
-        for (int64_t b = 0; b < n; b++) c[a * n + b] /= cols ? den[b] : den[a];
-}
-
-/* division k of the sequence: 0 is a column one, then row, column, ... (2 iters - 1 in all) */
-static int hc_is_col(int k) { return k % 2 == 0; }
+#include "hyper_math.h"
 
 lunar_status lunar_cpu_hc_weights(lunar_ctx *ctx, lunar_tensor *pre, lunar_tensor *post, lunar_tensor *comb,
                                   const lunar_tensor *z, int64_t n, int iters, float eps) {
@@ -56,12 +27,12 @@ lunar_status lunar_cpu_hc_weights(lunar_ctx *ctx, lunar_tensor *pre, lunar_tenso
     for (int64_t r = 0; r < N; r++) {
         const float *zr = zp + r * M;
         for (int64_t i = 0; i < n; i++) {
-            pp[r * n + i] = (float)(sigmoid_(zr[i]) + eps);
-            qp[r * n + i] = (float)(2.0 * sigmoid_(zr[n + i]));
+            pp[r * n + i] = (float)(lunar_hc_sigmoid(zr[i]) + eps);
+            qp[r * n + i] = (float)(2.0 * lunar_hc_sigmoid(zr[n + i]));
         }
         double c[64 * 64], den[64];
-        hc_softmax(c, zr + 2 * n, n, eps);
-        for (int k = 0; k < steps; k++) hc_divide(c, den, n, hc_is_col(k), eps);
+        lunar_hc_softmax(c, zr + 2 * n, n, eps);
+        for (int k = 0; k < steps; k++) lunar_hc_divide(c, den, n, lunar_hc_is_col(k), eps);
         for (int64_t e = 0; e < nn; e++) cp[r * nn + e] = (float)c[e];
     }
     return LUNAR_OK;
@@ -93,20 +64,20 @@ lunar_status lunar_cpu_hc_weights_backward(lunar_ctx *ctx, lunar_tensor *dz, con
             const float *zr = zp + r * M;
             float *gr = gz + r * M;
             for (int64_t i = 0; i < n; i++) {
-                double sp = sigmoid_(zr[i]), sq = sigmoid_(zr[n + i]);
+                double sp = lunar_hc_sigmoid(zr[i]), sq = lunar_hc_sigmoid(zr[n + i]);
                 gr[i] = (float)(gpre[r * n + i] * sp * (1 - sp));
                 gr[n + i] = (float)(gpost[r * n + i] * 2.0 * sq * (1 - sq));
             }
-            hc_softmax(mats, zr + 2 * n, n, eps);
+            lunar_hc_softmax(mats, zr + 2 * n, n, eps);
             for (int k = 0; k < steps; k++) {
                 memcpy(mats + (k + 1) * nn, mats + k * nn, (size_t)nn * sizeof(double));
-                hc_divide(mats + (k + 1) * nn, dens + k * n, n, hc_is_col(k), eps);
+                lunar_hc_divide(mats + (k + 1) * nn, dens + k * n, n, lunar_hc_is_col(k), eps);
             }
             for (int64_t e = 0; e < nn; e++) dc[e] = gcomb[r * nn + e];
             /* y = x / den: dx = dy / den - sum_axis(dy * x) / den^2 */
             for (int k = steps - 1; k >= 0; k--) {
                 const double *x = mats + k * nn, *den = dens + k * n;
-                int cols = hc_is_col(k);
+                int cols = lunar_hc_is_col(k);
                 for (int64_t a = 0; a < n; a++) {
                     double s = 0;
                     for (int64_t b = 0; b < n; b++) {

@@ -2,34 +2,12 @@
 // in lunar/ops.h: lunar_hc_weights, lunar_hc_mix, lunar_hc_collapse and their backwards).
 //
 // The CPU kernel's (kernels/cpu/hyper.c) math in the same order: the weights one thread per row,
-// in f64 (the softmax and every Sinkhorn division, rounded once), the backward rebuilding the
+// in f64 (the softmax and every Sinkhorn division of kernels/hyper_math.h, shared with the CPU,
+// rounded once), the backward rebuilding the
 // row's iterations from the softmax in a scratch of its own; the stream mixes one thread per
 // output element or per sum, each over its terms in the CPU's order.
 #include "common.cuh"
-
-__device__ __forceinline__ double hc_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
-
-__device__ void hc_softmax_dev(double *c, const float *z, int64_t n, double eps) {
-    for (int64_t i = 0; i < n; i++) {
-        const float *zi = z + i * n;
-        double *ci = c + i * n;
-        double m = zi[0];
-        for (int64_t j = 1; j < n; j++) m = zi[j] > m ? zi[j] : m;
-        double s = 0;
-        for (int64_t j = 0; j < n; j++) s += ci[j] = exp(zi[j] - m);
-        for (int64_t j = 0; j < n; j++) ci[j] = ci[j] / s + eps;
-    }
-}
-
-__device__ void hc_divide_dev(double *c, double *den, int64_t n, int cols, double eps) {
-    for (int64_t a = 0; a < n; a++) {
-        double s = 0;
-        for (int64_t b = 0; b < n; b++) s += cols ? c[b * n + a] : c[a * n + b];
-        den[a] = s + eps;
-    }
-    for (int64_t a = 0; a < n; a++)
-        for (int64_t b = 0; b < n; b++) c[a * n + b] /= cols ? den[b] : den[a];
-}
+#include "hyper_math.h"
 
 // scratch per row: c (n x n), den (n)
 __global__ void hc_weights_kernel(float *pre, float *post, float *comb, const float *z, double *scr, int64_t N,
@@ -40,11 +18,11 @@ __global__ void hc_weights_kernel(float *pre, float *post, float *comb, const fl
         const float *zr = z + r * M;
         double *c = scr + r * (nn + n), *den = c + nn;
         for (int64_t i = 0; i < n; i++) {
-            pre[r * n + i] = (float)(hc_sigmoid(zr[i]) + eps);
-            post[r * n + i] = (float)(2.0 * hc_sigmoid(zr[n + i]));
+            pre[r * n + i] = (float)(lunar_hc_sigmoid(zr[i]) + eps);
+            post[r * n + i] = (float)(2.0 * lunar_hc_sigmoid(zr[n + i]));
         }
-        hc_softmax_dev(c, zr + 2 * n, n, eps);
-        for (int k = 0; k < steps; k++) hc_divide_dev(c, den, n, k % 2 == 0, eps);
+        lunar_hc_softmax(c, zr + 2 * n, n, eps);
+        for (int k = 0; k < steps; k++) lunar_hc_divide(c, den, n, lunar_hc_is_col(k), eps);
         for (int64_t e = 0; e < nn; e++) comb[r * nn + e] = (float)c[e];
     }
 }
@@ -60,19 +38,19 @@ __global__ void hc_weights_bwd_kernel(float *dz, const float *dpre, const float 
         const float *zr = z + r * M;
         float *gr = dz + r * M;
         for (int64_t i = 0; i < n; i++) {
-            double sp = hc_sigmoid(zr[i]), sq = hc_sigmoid(zr[n + i]);
+            double sp = lunar_hc_sigmoid(zr[i]), sq = lunar_hc_sigmoid(zr[n + i]);
             gr[i] = (float)(dpre[r * n + i] * sp * (1 - sp));
             gr[n + i] = (float)(dpost[r * n + i] * 2.0 * sq * (1 - sq));
         }
-        hc_softmax_dev(mats, zr + 2 * n, n, eps);
+        lunar_hc_softmax(mats, zr + 2 * n, n, eps);
         for (int k = 0; k < steps; k++) {
             for (int64_t e = 0; e < nn; e++) mats[(k + 1) * nn + e] = mats[k * nn + e];
-            hc_divide_dev(mats + (k + 1) * nn, dens + k * n, n, k % 2 == 0, eps);
+            lunar_hc_divide(mats + (k + 1) * nn, dens + k * n, n, lunar_hc_is_col(k), eps);
         }
         for (int64_t e = 0; e < nn; e++) dc[e] = dcomb[r * nn + e];
         for (int k = steps - 1; k >= 0; k--) {
             const double *x = mats + k * nn, *den = dens + k * n;
-            int cols = k % 2 == 0;
+            int cols = lunar_hc_is_col(k);
             for (int64_t a = 0; a < n; a++) {
                 double s = 0;
                 for (int64_t b = 0; b < n; b++) {

@@ -56,17 +56,9 @@ function NopeMLA.new(store, name, cfg, opts)
     return self
 end
 
--- tensor parallel: the whole parameters whose gradients cover this rank's heads only
-function NopeMLA:tp_partial()
-    local out = {}
-    for _, m in ipairs({self.q_a_proj, self.kv_a_proj}) do
-        out[#out + 1] = m.name .. '.weight'
-        out[#out + 1] = m.name .. '.bias'
-    end
-    out[#out + 1] = self.name .. '.q_a_layernorm.weight'
-    out[#out + 1] = self.name .. '.kv_a_layernorm.weight'
-    return self.par:partial(out)
-end
+-- tensor parallel: the whole parameters whose gradients cover this rank's heads only: those of
+-- GLM-5's MLA, whose module names this one shares (q_a, kv_a and their norms)
+NopeMLA.tp_partial = require('lunar.nn.mla').tp_partial
 
 function NopeMLA:forward(x, b, prev_keys)
     local B, T, NH, Dn, Dv = b.B, b.T, self.NH, self.Dn, self.Dv
