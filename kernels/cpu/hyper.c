@@ -11,7 +11,6 @@
  */
 #include <math.h>
 #include <omp.h>
-#include <string.h>
 
 #include "cpu.h"
 #include "hyper_math.h"
@@ -25,15 +24,8 @@ lunar_status lunar_cpu_hc_weights(lunar_ctx *ctx, lunar_tensor *pre, lunar_tenso
     int steps = 2 * iters - 1;
 #pragma omp parallel for schedule(static) if (N * nn * steps >= LUNAR_CPU_PAR_MIN && N > 1)
     for (int64_t r = 0; r < N; r++) {
-        const float *zr = zp + r * M;
-        for (int64_t i = 0; i < n; i++) {
-            pp[r * n + i] = (float)(lunar_hc_sigmoid(zr[i]) + eps);
-            qp[r * n + i] = (float)(2.0 * lunar_hc_sigmoid(zr[n + i]));
-        }
         double c[64 * 64], den[64];
-        lunar_hc_softmax(c, zr + 2 * n, n, eps);
-        for (int k = 0; k < steps; k++) lunar_hc_divide(c, den, n, lunar_hc_is_col(k), eps);
-        for (int64_t e = 0; e < nn; e++) cp[r * nn + e] = (float)c[e];
+        lunar_hc_weights_row(pp + r * n, qp + r * n, cp + r * nn, zp + r * M, c, den, n, steps, eps);
     }
     return LUNAR_OK;
 }
@@ -47,8 +39,8 @@ lunar_status lunar_cpu_hc_weights_backward(lunar_ctx *ctx, lunar_tensor *dz, con
     const float *gcomb = lunar_tensor_data(dcomb);
     float *gz = lunar_tensor_data(dz);
     int nt = lunar_ctx_threads(ctx);
-    /* per thread: the matrix before each division, the dens of each, dc, and the softmax */
-    size_t wf = (size_t)((steps + 1) * nn + steps * n + 2 * nn);
+    /* per thread: a row's scratch (hyper_math.h) */
+    size_t wf = (size_t)lunar_hc_backward_scratch(n, steps);
     wf = (wf + 7) & ~(size_t)7;
     int64_t nbytes = (int64_t)(wf * sizeof(double)) * nt;
     lunar_tensor scratch = {0};
@@ -56,50 +48,11 @@ lunar_status lunar_cpu_hc_weights_backward(lunar_ctx *ctx, lunar_tensor *dz, con
     double *sb = lunar_tensor_data(&scratch);
 #pragma omp parallel num_threads(nt) if (N * nn * steps >= LUNAR_CPU_PAR_MIN && N > 1)
     {
-        double *mats = sb + wf * (size_t)omp_get_thread_num();  /* (steps + 1) x nn */
-        double *dens = mats + (steps + 1) * nn;                  /* steps x n */
-        double *dc = dens + steps * n, *dx = dc + nn;
+        double *mats = sb + wf * (size_t)omp_get_thread_num();
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < N; r++) {
-            const float *zr = zp + r * M;
-            float *gr = gz + r * M;
-            for (int64_t i = 0; i < n; i++) {
-                double sp = lunar_hc_sigmoid(zr[i]), sq = lunar_hc_sigmoid(zr[n + i]);
-                gr[i] = (float)(gpre[r * n + i] * sp * (1 - sp));
-                gr[n + i] = (float)(gpost[r * n + i] * 2.0 * sq * (1 - sq));
-            }
-            lunar_hc_softmax(mats, zr + 2 * n, n, eps);
-            for (int k = 0; k < steps; k++) {
-                memcpy(mats + (k + 1) * nn, mats + k * nn, (size_t)nn * sizeof(double));
-                lunar_hc_divide(mats + (k + 1) * nn, dens + k * n, n, lunar_hc_is_col(k), eps);
-            }
-            for (int64_t e = 0; e < nn; e++) dc[e] = gcomb[r * nn + e];
-            /* y = x / den: dx = dy / den - sum_axis(dy * x) / den^2 */
-            for (int k = steps - 1; k >= 0; k--) {
-                const double *x = mats + k * nn, *den = dens + k * n;
-                int cols = lunar_hc_is_col(k);
-                for (int64_t a = 0; a < n; a++) {
-                    double s = 0;
-                    for (int64_t b = 0; b < n; b++) {
-                        int64_t e = cols ? b * n + a : a * n + b;
-                        s += dc[e] * x[e];
-                    }
-                    double d = den[a], q = s / (d * d);
-                    for (int64_t b = 0; b < n; b++) {
-                        int64_t e = cols ? b * n + a : a * n + b;
-                        dx[e] = dc[e] / d - q;
-                    }
-                }
-                memcpy(dc, dx, (size_t)nn * sizeof(double));
-            }
-            /* softmax backward per row: dz = p (dc - sum(dc p)), p = c - eps */
-            for (int64_t i = 0; i < n; i++) {
-                double s = 0;
-                for (int64_t j = 0; j < n; j++) s += dc[i * n + j] * (mats[i * n + j] - eps);
-                for (int64_t j = 0; j < n; j++)
-                    gr[2 * n + i * n + j] = (float)((mats[i * n + j] - eps) * (dc[i * n + j] - s));
-            }
-        }
+        for (int64_t r = 0; r < N; r++)
+            lunar_hc_weights_backward_row(gz + r * M, gpre + r * n, gpost + r * n, gcomb + r * nn, zp + r * M, mats, n,
+                                          steps, eps);
     }
     lunar_tensor_release(ctx, &scratch);
     return LUNAR_OK;

@@ -1,11 +1,9 @@
 // hyper.cu: mHC (GLM-5.3-Flash's hyper-connection residual streams) on the GPU, f32 (contracts
 // in lunar/ops.h: lunar_hc_weights, lunar_hc_mix, lunar_hc_collapse and their backwards).
 //
-// The CPU kernel's (kernels/cpu/hyper.c) math in the same order: the weights one thread per row,
-// in f64 (the softmax and every Sinkhorn division of kernels/hyper_math.h, shared with the CPU,
-// rounded once), the backward rebuilding the
-// row's iterations from the softmax in a scratch of its own; the stream mixes one thread per
-// output element or per sum, each over its terms in the CPU's order.
+// The weights one thread per row, with the CPU's own row functions (kernels/hyper_math.h: f64,
+// the Sinkhorn divisions rebuilt for the backward in a scratch of the row's own); the stream
+// mixes one thread per output element or per sum, each over its terms in the CPU's order.
 #include "common.cuh"
 #include "hyper_math.h"
 
@@ -13,63 +11,21 @@
 __global__ void hc_weights_kernel(float *pre, float *post, float *comb, const float *z, double *scr, int64_t N,
                                   int64_t n, int iters, float eps) {
     int64_t M = (2 + n) * n, nn = n * n;
-    int steps = 2 * iters - 1;
     LUNAR_GRID_STRIDE(r, N) {
-        const float *zr = z + r * M;
-        double *c = scr + r * (nn + n), *den = c + nn;
-        for (int64_t i = 0; i < n; i++) {
-            pre[r * n + i] = (float)(lunar_hc_sigmoid(zr[i]) + eps);
-            post[r * n + i] = (float)(2.0 * lunar_hc_sigmoid(zr[n + i]));
-        }
-        lunar_hc_softmax(c, zr + 2 * n, n, eps);
-        for (int k = 0; k < steps; k++) lunar_hc_divide(c, den, n, lunar_hc_is_col(k), eps);
-        for (int64_t e = 0; e < nn; e++) comb[r * nn + e] = (float)c[e];
+        double *c = scr + r * (nn + n);
+        lunar_hc_weights_row(pre + r * n, post + r * n, comb + r * nn, z + r * M, c, c + nn, n, 2 * iters - 1, eps);
     }
 }
 
-// scratch per row: (steps + 1) matrices, steps dens, dc, dx
+// scratch per row: lunar_hc_backward_scratch(n, steps) doubles
 __global__ void hc_weights_bwd_kernel(float *dz, const float *dpre, const float *dpost, const float *dcomb,
                                       const float *z, double *scr, int64_t N, int64_t n, int iters, float eps) {
     int64_t M = (2 + n) * n, nn = n * n;
     int steps = 2 * iters - 1;
-    int64_t wf = (steps + 1) * nn + steps * n + 2 * nn;
+    int64_t wf = lunar_hc_backward_scratch(n, steps);
     LUNAR_GRID_STRIDE(r, N) {
-        double *mats = scr + r * wf, *dens = mats + (steps + 1) * nn, *dc = dens + steps * n, *dx = dc + nn;
-        const float *zr = z + r * M;
-        float *gr = dz + r * M;
-        for (int64_t i = 0; i < n; i++) {
-            double sp = lunar_hc_sigmoid(zr[i]), sq = lunar_hc_sigmoid(zr[n + i]);
-            gr[i] = (float)(dpre[r * n + i] * sp * (1 - sp));
-            gr[n + i] = (float)(dpost[r * n + i] * 2.0 * sq * (1 - sq));
-        }
-        lunar_hc_softmax(mats, zr + 2 * n, n, eps);
-        for (int k = 0; k < steps; k++) {
-            for (int64_t e = 0; e < nn; e++) mats[(k + 1) * nn + e] = mats[k * nn + e];
-            lunar_hc_divide(mats + (k + 1) * nn, dens + k * n, n, lunar_hc_is_col(k), eps);
-        }
-        for (int64_t e = 0; e < nn; e++) dc[e] = dcomb[r * nn + e];
-        for (int k = steps - 1; k >= 0; k--) {
-            const double *x = mats + k * nn, *den = dens + k * n;
-            int cols = lunar_hc_is_col(k);
-            for (int64_t a = 0; a < n; a++) {
-                double s = 0;
-                for (int64_t b = 0; b < n; b++) {
-                    int64_t e = cols ? b * n + a : a * n + b;
-                    s += dc[e] * x[e];
-                }
-                double d = den[a], q = s / (d * d);
-                for (int64_t b = 0; b < n; b++) {
-                    int64_t e = cols ? b * n + a : a * n + b;
-                    dx[e] = dc[e] / d - q;
-                }
-            }
-            for (int64_t e = 0; e < nn; e++) dc[e] = dx[e];
-        }
-        for (int64_t i = 0; i < n; i++) {
-            double s = 0;
-            for (int64_t j = 0; j < n; j++) s += dc[i * n + j] * (mats[i * n + j] - eps);
-            for (int64_t j = 0; j < n; j++) gr[2 * n + i * n + j] = (float)((mats[i * n + j] - eps) * (dc[i * n + j] - s));
-        }
+        lunar_hc_weights_backward_row(dz + r * M, dpre + r * n, dpost + r * n, dcomb + r * nn, z + r * M, scr + r * wf, n,
+                                      steps, eps);
     }
 }
 
@@ -173,8 +129,7 @@ extern "C" lunar_status lunar_cuda_hc_weights_backward(lunar_ctx *ctx, lunar_ten
     if (N == 0) return LUNAR_OK;
     cudaStream_t stream;
     LUNAR_TRY(lunar_cuda_stream_for(ctx, z, &stream));
-    int steps = 2 * iters - 1;
-    int64_t wf = (steps + 1) * n * n + steps * n + 2 * n * n;
+    int64_t wf = lunar_hc_backward_scratch(n, 2 * iters - 1);
     lunar_tensor scr = {0};
     LUNAR_TRY(hc_scratch(ctx, &scr, z, N * wf));
     hc_weights_bwd_kernel<<<lunar_cuda_grid(N, 128), 128, 0, stream>>>(F(dz), CF(dpre), CF(dpost), CF(dcomb), CF(z),

@@ -132,8 +132,7 @@ local function dsa_select(a, cl, cache, xn, q_resid, step)
 end
 
 local function mla_decode(a, cl, cache, xn, step, prev_sel)
-    local v = step.view
-    local B, NH, Dn, Dr, Dv, Rkv = v.B, a.NH, a.Dn, a.Dr, a.Dv, a.Rkv
+    local B, NH, Dn, Dr = step.view.B, a.NH, a.Dn, a.Dr
     local ropt = rope_opts('interleaved_to_half', step)
     -- the new token's cache rows (and indexer key), written before the read: it attends to itself
     local lo = step.linear
@@ -152,26 +151,23 @@ local function mla_decode(a, cl, cache, xn, step, prev_sel)
         sel = false
     end
     local q = a.q_b_proj:forward(q_resid, lo):view({B, NH, Dn + Dr})
-    return M.absorbed(a, cl.kv, cache, q, step, sel, function(q_rot, out)
-        ops.rope(q_rot:unsqueeze(2), step.positions, step.inv_freq, {layout = ropt.layout, scale = ropt.scale, out = out})
-    end), sel
+    return M.absorbed(a, cl.kv, cache, q, step, sel, ropt), sel
 end
 
 -- The weight-absorbed attention of MLA layer a (the header) for one query per sequence:
 -- q (B, NH, Dn + Dr) the q_b_proj output, kv the cache's latent rows [c | k_rot] (Dr = 0: the
--- latent alone, GLM-5.3-Flash's NoPE MLA), sel (B, 1, K) positions or false (all), rope(q_rot,
--- out) writes the rotated query part (Dr > 0 only). -> o_proj's output (B, H).
-function M.absorbed(a, kv, cache, q, step, sel, rope)
+-- latent alone, GLM-5.3-Flash's NoPE MLA), sel (B, 1, K) positions or false (all), ropt the
+-- rotary options of the query's rotated part (Dr > 0 only). -> o_proj's output (B, H).
+function M.absorbed(a, kv, cache, q, step, sel, ropt)
     local v = step.view
     local B, NH, Dn, Dv, Rkv = v.B, a.NH, a.Dn, a.Dv, a.Rkv
     local Dr = a.Dr or 0
     local lo = step.linear
-    local dt = q:dtype()
-    local xn_dev = q:device()
+    local dt, dev = q:dtype(), q:device()
     -- absorbed query [W_uk^T q_nope | RoPE(q_rot)] (B, 1, NH, Rkv + Dr)
     local W = a.store:get(a.kv_b_proj.wname):view({NH, Dn + Dv, Rkv})
     local ad = kvb_adapter(a)
-    local qq = core.empty({B, 1, NH, Rkv + Dr}, dt, xn_dev)
+    local qq = core.empty({B, 1, NH, Rkv + Dr}, dt, dev)
     local q_nope = q:narrow(3, 1, Dn):transpose(1, 2)                    -- (NH, B, Dn)
     local q_abs = qq:view({B, NH, Rkv + Dr}):narrow(3, 1, Rkv):transpose(1, 2)  -- (NH, B, Rkv)
     ops.gemm(q_nope, W:narrow(2, 1, Dn), {out = q_abs, row_invariant = true})
@@ -183,12 +179,15 @@ function M.absorbed(a, kv, cache, q, step, sel, rope)
         local d = ops.gemm(qb, ad.A, {alpha = ad.scale, row_invariant = true})                       -- (NH, B, Rkv)
         ops.add_(q_abs, d)
     end
-    if Dr > 0 then rope(q:narrow(3, Dn + 1, Dr), qq:narrow(4, Rkv + 1, Dr)) end
+    if Dr > 0 then
+        ops.rope(q:narrow(3, Dn + 1, Dr):unsqueeze(2), step.positions, step.inv_freq,
+            {layout = ropt.layout, scale = ropt.scale, out = qq:narrow(4, Rkv + 1, Dr)})
+    end
     -- attention over the latents, read in place: one key/value head for all NH query heads
     local o = ops.attention_paged(qq:view({B, NH, Rkv + Dr}), kv, kv:narrow(2, 1, Rkv), v.table, v.lengths,
         {block_size = cache.block_size, keys = sel and sel:view({B, sel:size(3)}) or nil, scale = a.scaling})  -- (B, NH, Rkv)
     -- per head W_uv (sum_t p_t c_t): (NH, B, Rkv) x (NH, Dv, Rkv)^T -> (B, NH, Dv)
-    local ob = core.empty({B, NH, Dv}, dt, xn_dev)
+    local ob = core.empty({B, NH, Dv}, dt, dev)
     local o_t = o:view({B, NH, Rkv}):transpose(1, 2)
     ops.gemm(o_t, W:narrow(2, Dn + 1, Dv), {trans_b = true, out = ob:transpose(1, 2), row_invariant = true})
     if ad then

@@ -187,11 +187,6 @@ end
 
 -- ---- decode step ----------------------------------------------------------------------------------
 
--- one KDA layer for the step: each sequence's state and conv inputs read and updated in its slot
-local function kda_step(a, cl, xn, step)
-    return a:step(xn, cl, step.state_slots, ROW_INVARIANT)
-end
-
 -- the new token's raw key and gate into its sequence's open pool; a pool completed by it has
 -- its pooled key written to the cache
 local function index_write(ix, cl, cache, xn, step)
@@ -242,13 +237,9 @@ local function index_select(ix, cl, cache, xn, q_resid, step)
     local best = {}
     if #scored > 0 then
         local M_, Hi, Di = #scored, ix.Hi, ix.Di
-        local pick = core.from_flat((function()
-            local l = {}
-            for i, k in ipairs(scored) do l[i] = k - 1 end
-            return l
-        end)(), {M_}, 'i64', dev)
-        local ids = {}
-        for i, k in ipairs(scored) do ids[i] = step.seqs[k] end
+        local rows, ids = {}, {}
+        for i, k in ipairs(scored) do rows[i], ids[i] = k - 1, step.seqs[k] end
+        local pick = core.from_flat(rows, {M_}, 'i64', dev)
         local sub = cache:view(ids)
         local pooled = cache:gather(cl.pk, sub)                                   -- (M, Pmax, Di)
         local Pmax = pooled:size(2)
@@ -325,7 +316,8 @@ function M.step(model, cache, seqs, list, slots_list, _, opts)
         local sel
         local dec = {linear = ROW_INVARIANT, attend = function(_, xn, prev_sel)
             local a
-            if L.kind == 'kda' then a = kda_step(L.attn, cl, xn, step)
+            -- KDA: each sequence's state and conv inputs read and updated in its slot
+            if L.kind == 'kda' then a = L.attn:step(xn, cl, step.state_slots, ROW_INVARIANT)
             else a, sel = dsa_step(L.attn, cl, cache, xn, step, prev_sel) end
             return a, sel
         end}
