@@ -243,17 +243,18 @@ function M.layout_step(T, spec, config, micro_batch, replay, opts)
         for _, name in ipairs(list) do
             local ga, gb = A.params.grads[name], B.params.grads[name]
             assert((ga == nil) == (gb == nil), name .. ': a gradient on one side only')
+            -- (the largest of the whole gradients, before each is cut to this rank's block: the
+            -- same floor on every rank)
+            if ga then largest = math.max(largest, lunar.ops.global_norm({ga})) end
             local sl = slices[name]
             if ga and sl then ga = ga:narrow(sl.dim, sl.start + 1, sl.len) end
-            if ga then
-                pairs_[#pairs_ + 1] = {name, ga, gb}
-                largest = math.max(largest, lunar.ops.global_norm({ga}))
-            end
+            if ga then pairs_[#pairs_ + 1] = {name, ga, gb} end
         end
     end
     -- opts.norm_floor: each error against the larger of its gradient's norm and norm_floor times
-    -- the largest gradient's (GLM-5.3-Flash: the mHC scales of layer 0, whose streams are still
-    -- equal copies, have gradients that cancel to rounding noise)
+    -- the largest gradient's (GLM-5.3-Flash: the mHC scales and bases, those of layer 0 above all,
+    -- whose streams are still equal copies, have gradients that cancel to 1e-4 .. 1e-5 of the
+    -- largest, where fp32 rounding of their terms is the whole error)
     local floor = (opts and opts.norm_floor or 0) * largest
     local worst, worst_name, n = 0, nil, 0
     for _, p in ipairs(pairs_) do
