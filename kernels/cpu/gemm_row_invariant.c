@@ -39,6 +39,7 @@
 #define RI_NN_MR 6          /* a rows per tile (not trans_b) */
 #define RI_NN_W 16          /* columns per tile (not trans_b): two vectors */
 #define RI_NN_NB 64         /* columns per unit of parallel work (not trans_b) */
+#define RI_PF_FLOATS 1536    /* trans_b prefetch distance (6 KiB): into L2, whose miss queue is deeper than L1's */
 #define RI_CHUNK 128        /* products per parallel region */
 #define RI_PAR_MIN_MACS (1LL << 18)   /* below this in all, one thread (a parallel region costs more) */
 
@@ -82,9 +83,9 @@ static inline __attribute__((always_inline)) void ri_tile(const float *const ar[
     int64_t k = 0;
     if (pf) {   /* the first a tile of a b tile: fetch the next b tile meanwhile */
         for (; k + RI_LANES <= K; k += RI_LANES) {
-            __builtin_prefetch(b0 + pf + k);
-            __builtin_prefetch(b1 + pf + k);
-            __builtin_prefetch(b2 + pf + k);
+            __builtin_prefetch(b0 + pf + k, 0, 1);
+            __builtin_prefetch(b1 + pf + k, 0, 1);
+            __builtin_prefetch(b2 + pf + k, 0, 1);
             RI_STEP(a0 + k, a1 + k, a2 + k, a3 + k, b0 + k, b1 + k, b2 + k);
         }
     } else {
@@ -118,6 +119,8 @@ static inline __attribute__((always_inline)) void ri_store(float *c, int64_t ldc
 
 /* trans_b: columns j0 .. j1-1 of product p, every row */
 LUNAR_CPU_VECTOR static void ri_unit_nt(const ri_product *p, int64_t j0, int64_t j1, float alpha, float beta) {
+    /* prefetch distance: whole b tiles, at least RI_PF_FLOATS ahead */
+    int64_t tile = RI_NR * p->ldb, pf_tiles = (RI_PF_FLOATS + tile - 1) / tile;
     for (int64_t j = j0; j < j1; j += RI_NR) {
         const float *br[RI_NR];
         for (int t = 0; t < RI_NR; t++) br[t] = p->b + (j + t < j1 ? j + t : j1 - 1) * p->ldb;
@@ -126,7 +129,7 @@ LUNAR_CPU_VECTOR static void ri_unit_nt(const ri_product *p, int64_t j0, int64_t
             const float *ar[RI_MR];
             for (int s = 0; s < RI_MR; s++) ar[s] = p->a + (i + s < p->m ? i + s : p->m - 1) * p->lda;
             float dot[RI_MR][RI_NR];
-            ri_tile(ar, br, p->k, i == 0 && j + RI_NR < j1 ? RI_NR * p->ldb : 0, dot);
+            ri_tile(ar, br, p->k, i == 0 && j + pf_tiles * RI_NR < j1 ? pf_tiles * tile : 0, dot);
             int64_t ns = p->m - i < RI_MR ? p->m - i : RI_MR;
             ri_store(p->c + i * p->ldc + j, p->ldc, ns, nt, &dot[0][0], RI_NR, alpha, beta);
         }
