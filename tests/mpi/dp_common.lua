@@ -350,6 +350,16 @@ function M.recipe(dir, extra)
     return M.merge(o, extra)
 end
 
+-- the one-rank reference's batch for a run whose data-parallel ranks (dp groups) each read
+-- micro_batch rows: the same micro-batches one after the other (grad_accum of them a step), so
+-- each forward has the shapes of a rank's and gives its bits. One micro-batch of all the rows
+-- (micro_batch x dp) reads the same rows too, but its products have other shapes (BLAS picks
+-- kernels by shape): the rounding differs in the last bits, and an MoE router's near-tie that
+-- it flips parts two 20-step runs by 1e-5 and more from then on
+function M.same_micro_batches(micro_batch, groups)
+    return {data = {micro_batch = micro_batch}, train = {grad_accum = groups}}
+end
+
 -- the sft recipe (or extra.kind's: M.recipe under dir, with extra) on this rank alone: the
 -- one-rank reference
 function M.single(dir, extra)

@@ -32,8 +32,8 @@ local single = dpc.single
 T:test('20 steps of the tiny SFT recipe at dp=2 give the losses of one rank', function()
     local dir = dpc.tmpdir()
     local dp = recipes.run('sft', dpc.recipe(dir .. '/dp'))
-    -- one rank reads micro_batch x dp rows per micro-batch: the same rows per step
-    local one = single(dir .. '/one.' .. d.rank(), {data = {micro_batch = 4}})
+    -- one rank reads the two ranks' micro-batches one after the other: the same rows per step
+    local one = single(dir .. '/one.' .. d.rank(), dpc.same_micro_batches(2, 2))
     T.equal(#dp.losses, 20, 'steps')
     local worst = 0
     for i = 1, 20 do

@@ -75,8 +75,8 @@ T:test('20 steps of the tiny SFT recipe at dp=4 give the losses of one rank (dis
     function()
     local recipes = dofile('recipes/common.lua')
     local dir = dpc.tmpdir()
-    -- one rank reads micro_batch x dp rows per micro-batch: the same rows per step
-    local one = dpc.single(dir .. '/one.' .. d.rank(), {data = {micro_batch = 4}})
+    -- one rank reads the four ranks' micro-batches one after the other: the same rows per step
+    local one = dpc.single(dir .. '/one.' .. d.rank(), dpc.same_micro_batches(1, 4))
     local on = recipes.run('sft', dpc.recipe(dir .. '/on', {data = {micro_batch = 1}}))
     local off = recipes.run('sft', dpc.recipe(dir .. '/off', {data = {micro_batch = 1},
         parallel = {distributed_optimizer = false}}))

@@ -30,13 +30,13 @@ end)
 T:test('20 steps of the tiny SFT recipe at ep=2 give the losses of one rank', function()
     local dir = dpc.tmpdir()
     -- with an evaluation of the whole validation set every 10 steps: 59 rows, each rank a
-    -- micro-batch of 2 a round (one process: 4), the last round 3 rows and one of padding (rank 1
-    -- runs its forward of one row and the padding with rank 0): the valid loss of one process
-    -- and of dp=2
+    -- micro-batch of 2 a round, the last round 3 rows and one of padding (rank 1 runs its forward
+    -- of one row and the padding with rank 0): the valid loss of one process and of dp=2. The
+    -- one process trains on the ranks' micro-batches in turn (dp_common.same_micro_batches)
     local valid = {data = {valid = {'examples/data/sft/oasst_en100_conversations.jsonl'}},
                    train = {eval_every = 10, eval_batches = 0}}
-    local one = dpc.single(dir .. '/one.' .. d.rank(), {data = {micro_batch = 4, valid = valid.data.valid},
-        train = valid.train})
+    local one = dpc.single(dir .. '/one.' .. d.rank(), dpc.merge(dpc.same_micro_batches(2, 2),
+        {data = {valid = valid.data.valid}, train = valid.train}))
     local ep = recipes.run('sft', dpc.recipe(dir .. '/ep', {parallel = {ep = 2}, checkpoint = {every = 0},
         data = {valid = valid.data.valid}, train = valid.train}))
     local dp = recipes.run('sft', dpc.recipe(dir .. '/dp', {checkpoint = {every = 0}, data = {valid = valid.data.valid},

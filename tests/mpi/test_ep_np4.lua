@@ -59,7 +59,7 @@ local function same_losses(label, got, want, n) dpc.same_losses(T, label, got, w
 
 T:test('20 steps of the tiny SFT recipe at ep=4 and at ep=2 x dp=2 give the losses of one rank', function()
     local dir = dpc.tmpdir()
-    local one = single(dir .. '/one.' .. d.rank(), {data = {micro_batch = 4}})
+    local one = single(dir .. '/one.' .. d.rank(), dpc.same_micro_batches(1, 4))
     local ep4 = recipes.run('sft', dpc.recipe(dir .. '/ep4', {data = {micro_batch = 1}, parallel = {ep = 4},
         checkpoint = {every = 0}}))
     same_losses('ep=4', ep4.losses, one.losses, 20)

@@ -63,7 +63,7 @@ end)
 T:test('20 steps of the tiny SFT recipe at ep=2 x etp=2 give the losses of one rank; stopped and resumed, bit for '
     .. 'bit', function()
     local dir = dpc.tmpdir()
-    local one = dpc.single(dir .. '/one.' .. d.rank(), {data = {micro_batch = 4}})
+    local one = dpc.single(dir .. '/one.' .. d.rank(), dpc.same_micro_batches(1, 4))
     local over = {data = {micro_batch = 1}, parallel = {ep = 2, etp = 2}, checkpoint = {every = 0}}
     local run = recipes.run('sft', dpc.recipe(dir .. '/etp', over))
     dpc.same_losses(T, 'ep=2 x etp=2', run.losses, one.losses, 20)

@@ -37,7 +37,7 @@ end)
 T:test('20 steps of the tiny_flash SFT recipe at dp=2, tp=2 and ep=2 give the losses of one rank', function()
     local dir = dpc.tmpdir()
     local over = {preset = 'tiny_flash', data = {seq_len = 128}, checkpoint = {every = 0}}
-    local one = dpc.single(dir .. '/one.' .. d.rank(), dpc.merge({data = {micro_batch = 4}}, over))
+    local one = dpc.single(dir .. '/one.' .. d.rank(), dpc.merge(dpc.same_micro_batches(2, 2), over))
     local dp = recipes.run('sft', dpc.recipe(dir .. '/dp', over))
     dpc.same_losses(T, 'flash dp=2', dp.losses, one.losses, 20)
     -- ep=2: each rank its own rows (ep within dp), as dp=2; tp=2: both ranks the same rows (the

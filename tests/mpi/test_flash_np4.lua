@@ -30,8 +30,8 @@ end)
 T:test('20 steps of the tiny_flash SFT recipe at tp=2 x ep=2 give the losses of one rank', function()
     local dir = dpc.tmpdir()
     local over = {preset = 'tiny_flash', data = {seq_len = 128}, checkpoint = {every = 0}}
-    -- two dp groups of micro-batch 2: the one-rank run of micro-batch 4
-    local one = dpc.single(dir .. '/one.' .. d.rank(), dpc.merge({data = {micro_batch = 4}}, over))
+    -- two dp groups of micro-batch 2: the one-rank run of their micro-batches in turn
+    local one = dpc.single(dir .. '/one.' .. d.rank(), dpc.merge(dpc.same_micro_batches(2, 2), over))
     local run = recipes.run('sft', dpc.recipe(dir .. '/tpep', dpc.merge({parallel = {tp = 2, ep = 2}}, over)))
     dpc.same_losses(T, 'flash tp=2 x ep=2', run.losses, one.losses, 20)
     d.barrier()

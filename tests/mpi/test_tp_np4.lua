@@ -91,7 +91,8 @@ T:test('20 steps of the tiny SFT recipe at tp=4, tp=2 x dp=2, tp=2 x ep=2 (with 
     local one2 = dpc.single(dir .. '/one2.' .. d.rank(), {})
     check('tp=4', recipes.run('sft', dpc.recipe(dir .. '/tp4', {parallel = {tp = 4}, checkpoint = {every = 0}})).losses,
         one2.losses)
-    local one4 = dpc.single(dir .. '/one4.' .. d.rank(), {data = {micro_batch = 4}})
+    -- (tp=2: two dp groups of micro-batch 2)
+    local one4 = dpc.single(dir .. '/one4.' .. d.rank(), dpc.same_micro_batches(2, 2))
     check('tp=2 x dp=2', recipes.run('sft', dpc.recipe(dir .. '/tp2', {parallel = {tp = 2},
         checkpoint = {every = 0}})).losses, one4.losses)
     check('tp=2 x ep=2', recipes.run('sft', dpc.recipe(dir .. '/tpep', {parallel = {tp = 2, ep = 2},
