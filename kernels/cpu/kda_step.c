@@ -8,11 +8,11 @@
  * for one token; each (sequence, head) is one work item in a fixed order, so its bits do not
  * depend on the other sequences of the step.
  */
-#include <math.h>
 #include <string.h>
 
 #include "cpu.h"
 #include "lunar/ops.h"
+#include "vecmath.h"
 
 lunar_status lunar_cpu_conv1d_step(lunar_ctx *ctx, lunar_tensor *y, lunar_tensor *hist, const lunar_tensor *x,
                                    const lunar_tensor *w, const lunar_tensor *slots) {
@@ -40,6 +40,30 @@ lunar_status lunar_cpu_conv1d_step(lunar_ctx *ctx, lunar_tensor *y, lunar_tensor
     return LUNAR_OK;
 }
 
+/* one (sequence, head): S (Dk, Dv) in place, out (Dv). u = beta (v - (diag(e^g) S)^T k) is read
+ * off S first; then one pass writes S <- diag(e^g) S + k u^T and sums o = S^T q, so S is read
+ * twice and written once. g is a log decay (<= 0): lunar_expf_upto88's range. */
+LUNAR_CPU_VECTOR static void kda_step_head(float *S, float *out, const float *qr, const float *kr, const float *gr,
+                                           const float *vr, float be, int64_t Dk, int64_t Dv) {
+    float u[LUNAR_KDA_STEP_MAX_DV];   /* (the op checks Dv) */
+    for (int64_t j = 0; j < Dv; j++) u[j] = 0;
+    for (int64_t d = 0; d < Dk; d++) {
+        float e = lunar_expf_upto88(gr[d]), kd = kr[d];
+        const float *Sd = S + d * Dv;
+        for (int64_t j = 0; j < Dv; j++) u[j] += kd * (Sd[j] * e);
+    }
+    for (int64_t j = 0; j < Dv; j++) u[j] = be * (vr[j] - u[j]);
+    for (int64_t j = 0; j < Dv; j++) out[j] = 0;
+    for (int64_t d = 0; d < Dk; d++) {
+        float e = lunar_expf_upto88(gr[d]), kd = kr[d], qd = qr[d];
+        float *Sd = S + d * Dv;
+        for (int64_t j = 0; j < Dv; j++) {
+            Sd[j] = Sd[j] * e + kd * u[j];
+            out[j] += qd * Sd[j];
+        }
+    }
+}
+
 lunar_status lunar_cpu_kda_step(lunar_ctx *ctx, lunar_tensor *o, lunar_tensor *state, const lunar_tensor *q,
                                 const lunar_tensor *k, const lunar_tensor *v, const lunar_tensor *g,
                                 const lunar_tensor *beta, const lunar_tensor *slots) {
@@ -52,31 +76,8 @@ lunar_status lunar_cpu_kda_step(lunar_ctx *ctx, lunar_tensor *o, lunar_tensor *s
 #pragma omp parallel for schedule(static) if (B * H * Dk * Dv >= LUNAR_CPU_PAR_MIN && B * H > 1)
     for (int64_t bh = 0; bh < B * H; bh++) {
         int64_t b = bh / H, h = bh % H;
-        float *S = sp + (sl[b] * H + h) * Dk * Dv;                 /* (Dk, Dv) */
-        const float *qr = qp + bh * Dk, *kr = kp + bh * Dk, *gr = gp + bh * Dk, *vr = vp + bh * Dv;
-        float be = bp[bh];
-        float *out = op + bh * Dv;
-        /* S <- diag(e^g) S; u = beta (v - S^T k); S <- S + k u^T; o = S^T q */
-        float u[LUNAR_KDA_STEP_MAX_DV];   /* (the op checks Dv) */
-        for (int64_t j = 0; j < Dv; j++) u[j] = 0;
-        for (int64_t d = 0; d < Dk; d++) {
-            float e = expf(gr[d]), kd = kr[d];
-            float *Sd = S + d * Dv;
-            for (int64_t j = 0; j < Dv; j++) {
-                Sd[j] *= e;
-                u[j] += kd * Sd[j];
-            }
-        }
-        for (int64_t j = 0; j < Dv; j++) u[j] = be * (vr[j] - u[j]);
-        for (int64_t j = 0; j < Dv; j++) out[j] = 0;
-        for (int64_t d = 0; d < Dk; d++) {
-            float kd = kr[d], qd = qr[d];
-            float *Sd = S + d * Dv;
-            for (int64_t j = 0; j < Dv; j++) {
-                Sd[j] += kd * u[j];
-                out[j] += qd * Sd[j];
-            }
-        }
+        kda_step_head(sp + (sl[b] * H + h) * Dk * Dv, op + bh * Dv, qp + bh * Dk, kp + bh * Dk, gp + bh * Dk,
+                      vp + bh * Dv, bp[bh], Dk, Dv);
     }
     return LUNAR_OK;
 }
