@@ -41,6 +41,7 @@
 #define RI_NN_NB 64         /* columns per unit of parallel work (not trans_b) */
 #define RI_PF_FLOATS 1536    /* trans_b prefetch distance (6 KiB): into L2, whose miss queue is deeper than L1's */
 #define RI_CHUNK 128        /* products per parallel region */
+#define RI_UNITS_PER_THREAD 8   /* below this many units a thread, narrower units */
 #define RI_PAR_MIN_MACS (1LL << 18)   /* below this in all, one thread (a parallel region costs more) */
 
 /* 8 f32 lanes: one AVX register, two SSE ones in the baseline clone */
@@ -51,6 +52,7 @@ typedef struct ri_product {
     float *c;
     int64_t m, n, k, lda, ldb, ldc;
     int trans_b;
+    int64_t width;   /* columns per unit of parallel work (ri_run sets it) */
 } ri_product;
 
 /* one lane step of the tile: the accumulators c<s><t> += a row s * b row t over 8 lanes at k
@@ -66,12 +68,25 @@ typedef struct ri_product {
         RI_LOAD(a_, A3), c30 += a_ * b0_, c31 += a_ * b1_, c32 += a_ * b2_;                     \
     } while (0)
 
-/* the fixed sum of the 8 lanes of v */
-static inline float ri_lanes_sum(const ri_v8 *v) {
-    float l[RI_LANES];
-    memcpy(l, v, sizeof l);
-    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-}
+typedef int32_t ri_i8 __attribute__((vector_size(RI_LANES * sizeof(int32_t))));
+
+/* the sums of adjacent lanes of a and b, in each half: [a0+a1, a2+a3, b0+b1, b2+b3, a4+a5, a6+a7,
+ * b4+b5, b6+b7] (AVX's horizontal add; a macro: a function returning a vector would change the
+ * baseline clone's ABI) */
+#define RI_PAIR_SUMS(a, b)                                                                      \
+    (__builtin_shuffle((a), (b), (ri_i8){0, 2, 8, 10, 4, 6, 12, 14}) +                         \
+     __builtin_shuffle((a), (b), (ri_i8){1, 3, 9, 11, 5, 7, 13, 15}))
+
+/* out[i] = the fixed sum of the 8 lanes of v_i, ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)),
+ * for four vectors at once: two rounds of pair sums leave each vector's two half sums, one in
+ * each half of the register, and the halves are added last: the very order of the contract, for
+ * a few shuffles (one vector's lanes added one by one cost a store and seven scalar adds) */
+#define RI_LANES_SUM4(v0, v1, v2, v3, out)                                                      \
+    do {                                                                                        \
+        ri_v8 p01_ = RI_PAIR_SUMS(v0, v1), p23_ = RI_PAIR_SUMS(v2, v3);                         \
+        ri_v8 h_ = RI_PAIR_SUMS(p01_, p23_); /* [v0..v3 low halves | v0..v3 high halves] */      \
+        for (int i_ = 0; i_ < 4; i_++) (out)[i_] = h_[i_] + h_[i_ + 4];                        \
+    } while (0)
 
 /* dot[s][t] = the fixed-order dot product of a row ar[s] and b row br[t], each of K floats;
  * pf > 0: also prefetch the b rows pf floats further on (the next tile's) */
@@ -99,9 +114,11 @@ static inline __attribute__((always_inline)) void ri_tile(const float *const ar[
         for (int t = 0; t < RI_NR; t++) memcpy(bp[t], br[t] + k, (size_t)(K - k) * sizeof(float));
         RI_STEP(ap[0], ap[1], ap[2], ap[3], bp[0], bp[1], bp[2]);
     }
-    const ri_v8 *acc[RI_MR][RI_NR] = {{&c00, &c01, &c02}, {&c10, &c11, &c12}, {&c20, &c21, &c22}, {&c30, &c31, &c32}};
-    for (int s = 0; s < RI_MR; s++)
-        for (int t = 0; t < RI_NR; t++) dot[s][t] = ri_lanes_sum(acc[s][t]);
+    float sums[RI_MR * RI_NR];   /* (RI_MR * RI_NR = 12: three rounds of four) */
+    RI_LANES_SUM4(c00, c01, c02, c10, sums);
+    RI_LANES_SUM4(c11, c12, c20, c21, sums + 4);
+    RI_LANES_SUM4(c22, c30, c31, c32, sums + 8);
+    memcpy(dot, sums, sizeof sums);
 }
 
 /* c[r][j] = alpha * dot + beta * c[r][j] for the tile's ns x nt results */
@@ -183,13 +200,33 @@ LUNAR_CPU_VECTOR static void ri_unit_nn(const ri_product *p, int64_t j0, int64_t
         }
 }
 
-static int64_t ri_width(const ri_product *p) { return p->trans_b ? RI_NB : RI_NN_NB; }
-static int64_t ri_blocks(const ri_product *p) { return (p->n + ri_width(p) - 1) / ri_width(p); }
+static int64_t ri_blocks(const ri_product *p) { return (p->n + p->width - 1) / p->width; }
+
+/* the unit widths of products ps[0 .. n): RI_NB (RI_NN_NB) columns, or fewer whole tiles where a
+ * call would have under RI_UNITS_PER_THREAD units a thread (the mHC sites' 24 columns were one
+ * unit, so one thread). Bits do not depend on it: a unit's columns are whole tiles from the
+ * product's first column, so every column sits in the same place of the same tile either way. */
+static void ri_widths(ri_product *ps, int n, int threads) {
+    int64_t units = 0;
+    for (int i = 0; i < n; i++) {
+        ps[i].width = ps[i].trans_b ? RI_NB : RI_NN_NB;
+        units += ri_blocks(&ps[i]);
+    }
+    int64_t want = (int64_t)RI_UNITS_PER_THREAD * threads;
+    if (threads < 2 || units >= want) return;
+    int64_t per = (want + n - 1) / n;   /* units wanted of each product */
+    for (int i = 0; i < n; i++) {
+        int64_t tile = ps[i].trans_b ? RI_NR : RI_NN_W;
+        int64_t tiles = (ps[i].n + tile - 1) / tile, w = tile * ((tiles + per - 1) / per);
+        if (w < ps[i].width) ps[i].width = w;
+    }
+}
 
 /* products ps[0 .. n) (n <= RI_CHUNK): units in parallel */
-static void ri_run(const ri_product *ps, int n, float alpha, float beta, int threads) {
+static void ri_run(ri_product *ps, int n, float alpha, float beta, int threads) {
     int64_t first[RI_CHUNK + 1];   /* first[i]: the first unit of product i */
     int64_t macs = 0;
+    ri_widths(ps, n, threads);
     first[0] = 0;
     for (int i = 0; i < n; i++) {
         first[i + 1] = first[i] + ri_blocks(&ps[i]);
@@ -206,7 +243,7 @@ static void ri_run(const ri_product *ps, int n, float alpha, float beta, int thr
             else hi = mid - 1;
         }
         const ri_product *p = &ps[lo];
-        int64_t w = ri_width(p), j0 = (u - first[lo]) * w;
+        int64_t w = p->width, j0 = (u - first[lo]) * w;
         int64_t j1 = j0 + w < p->n ? j0 + w : p->n;
         if (p->trans_b) ri_unit_nt(p, j0, j1, alpha, beta);
         else ri_unit_nn(p, j0, j1, alpha, beta);
