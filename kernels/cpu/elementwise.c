@@ -1,15 +1,11 @@
 /* elementwise.c: binary, scalar, unary (forward and backward), SwiGLU and masked_fill on the
  * CPU. Every float tensor is f32 and contiguous with out's shape (backend.h); comparison
  * outputs are bool/u8 bytes or f32. The op switch is outside the loops: each case is its own
- * loop, which the compiler vectorises where it can. The sigmoid family (sigmoid, SiLU, SwiGLU,
- * forward and backward) takes vecmath.h's branch-free lunar_sigmoidf instead of the shared
- * formula's libm expf, in blocks of a vector-cloned function: the same formulas, the exponential
- * evaluated by a polynomial (within 3 ulp of the exact sigmoid). */
+ * loop, which the compiler vectorises where it can. */
 #include <math.h>
 
 #include "cpu.h"
 #include "elementwise_math.h"   /* kernels/: shared with the CUDA kernels */
-#include "vecmath.h"
 
 /* One parallel loop over i in [0, n) with x[i] as xa and YB as yb; stores expr into o[i]. */
 #define EW_BINARY(YB, expr)                                                                     \
@@ -47,46 +43,6 @@
     }
 
 static int is_compare(lunar_binary_op op) { return op >= LUNAR_BINARY_EQ; }
-
-/* the sigmoid family's elementwise work, [i0, i1) of each array (x the input; for SwiGLU x the
- * gate, y the up projection; g the incoming gradient), in one vector-cloned function per kind */
-typedef enum { SIG_FWD, SILU_FWD, SIG_BWD, SILU_BWD, SWIGLU_FWD, SWIGLU_BWD } sig_kind;
-#define SIG_BLOCK 4096   /* elements per parallel work item */
-
-LUNAR_CPU_VECTOR static void sig_block(sig_kind kind, int64_t i0, int64_t i1, const float *x, const float *y,
-                                       const float *g, float *o, float *o2) {
-    switch (kind) {
-    case SIG_FWD: for (int64_t i = i0; i < i1; i++) o[i] = lunar_sigmoidf(x[i]); break;
-    case SILU_FWD: for (int64_t i = i0; i < i1; i++) o[i] = x[i] * lunar_sigmoidf(x[i]); break;
-    case SIG_BWD:
-        for (int64_t i = i0; i < i1; i++) {
-            float s = lunar_sigmoidf(x[i]);
-            o[i] = g[i] * (s * (1.0f - s));
-        }
-        break;
-    case SILU_BWD: for (int64_t i = i0; i < i1; i++) o[i] = g[i] * lunar_ew_dsilu_s(x[i], lunar_sigmoidf(x[i])); break;
-    case SWIGLU_FWD: for (int64_t i = i0; i < i1; i++) o[i] = x[i] * lunar_sigmoidf(x[i]) * y[i]; break;
-    case SWIGLU_BWD:
-        for (int64_t i = i0; i < i1; i++) {
-            /* every input is read before either output is written: o (dgate) may alias x (gate),
-             * o2 (dup) y (up) */
-            float gi = x[i], di = g[i], ui = y[i];
-            float s = lunar_sigmoidf(gi);
-            o[i] = di * ui * lunar_ew_dsilu_s(gi, s);
-            o2[i] = di * gi * s;
-        }
-        break;
-    }
-}
-
-static void sig_run(sig_kind kind, int64_t n, const float *x, const float *y, const float *g, float *o, float *o2) {
-    int64_t blocks = (n + SIG_BLOCK - 1) / SIG_BLOCK;
-#pragma omp parallel for schedule(static) if (n >= LUNAR_CPU_PAR_MIN)
-    for (int64_t b = 0; b < blocks; b++) {
-        int64_t i1 = (b + 1) * SIG_BLOCK < n ? (b + 1) * SIG_BLOCK : n;
-        sig_block(kind, b * SIG_BLOCK, i1, x, y, g, o, o2);
-    }
-}
 
 lunar_status lunar_cpu_binary(lunar_ctx *ctx, lunar_tensor *out, const lunar_tensor *a, const lunar_tensor *b,
                               lunar_binary_op op) {
@@ -159,8 +115,8 @@ lunar_status lunar_cpu_unary(lunar_ctx *ctx, lunar_tensor *out, const lunar_tens
     case LUNAR_UNARY_RECIP: EW_UNARY(1.0f / v); break;
     case LUNAR_UNARY_SQUARE: EW_UNARY(v * v); break;
     case LUNAR_UNARY_TANH: EW_UNARY(tanhf(v)); break;
-    case LUNAR_UNARY_SIGMOID: sig_run(SIG_FWD, n, x, NULL, NULL, o, NULL); break;
-    case LUNAR_UNARY_SILU: sig_run(SILU_FWD, n, x, NULL, NULL, o, NULL); break;
+    case LUNAR_UNARY_SIGMOID: EW_UNARY(lunar_ew_sigmoid(v)); break;
+    case LUNAR_UNARY_SILU: EW_UNARY(v * lunar_ew_sigmoid(v)); break;
     case LUNAR_UNARY_GELU: EW_UNARY(lunar_ew_gelu(v)); break;
     case LUNAR_UNARY_GELU_TANH: EW_UNARY(lunar_ew_gelu_tanh(v)); break;
     case LUNAR_UNARY_RELU: EW_UNARY(v < 0.0f ? 0.0f : v); break;
@@ -186,8 +142,8 @@ lunar_status lunar_cpu_unary_backward(lunar_ctx *ctx, lunar_tensor *dx, const lu
     case LUNAR_UNARY_RECIP: EW_UNARY_BACKWARD(-1.0f / (v * v)); break;
     case LUNAR_UNARY_SQUARE: EW_UNARY_BACKWARD(2.0f * v); break;
     case LUNAR_UNARY_TANH: EW_UNARY_BACKWARD(lunar_ew_dtanh(v)); break;
-    case LUNAR_UNARY_SIGMOID: sig_run(SIG_BWD, n, x, NULL, g, o, NULL); break;
-    case LUNAR_UNARY_SILU: sig_run(SILU_BWD, n, x, NULL, g, o, NULL); break;
+    case LUNAR_UNARY_SIGMOID: EW_UNARY_BACKWARD(lunar_ew_dsigmoid(v)); break;
+    case LUNAR_UNARY_SILU: EW_UNARY_BACKWARD(lunar_ew_dsilu(v)); break;
     case LUNAR_UNARY_GELU: EW_UNARY_BACKWARD(lunar_ew_dgelu(v)); break;
     case LUNAR_UNARY_GELU_TANH: EW_UNARY_BACKWARD(lunar_ew_dgelu_tanh(v)); break;
     case LUNAR_UNARY_RELU: EW_UNARY_BACKWARD(v > 0.0f ? 1.0f : 0.0f); break;
@@ -204,7 +160,8 @@ lunar_status lunar_cpu_swiglu_forward(lunar_ctx *ctx, lunar_tensor *out, const l
     int64_t n = lunar_tensor_numel(out);
     const float *g = lunar_tensor_data(gate), *u = lunar_tensor_data(up);
     float *o = lunar_tensor_data(out);
-    sig_run(SWIGLU_FWD, n, g, u, NULL, o, NULL);
+#pragma omp parallel for schedule(static) if (n >= LUNAR_CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) o[i] = g[i] * lunar_ew_sigmoid(g[i]) * u[i];
     return LUNAR_OK;
 }
 
@@ -214,7 +171,14 @@ lunar_status lunar_cpu_swiglu_backward(lunar_ctx *ctx, lunar_tensor *dgate, luna
     int64_t n = lunar_tensor_numel(dgate);
     const float *d = lunar_tensor_data(dout), *g = lunar_tensor_data(gate), *u = lunar_tensor_data(up);
     float *dg = lunar_tensor_data(dgate), *du = lunar_tensor_data(dup);
-    sig_run(SWIGLU_BWD, n, g, u, d, dg, du);
+#pragma omp parallel for schedule(static) if (n >= LUNAR_CPU_PAR_MIN)
+    for (int64_t i = 0; i < n; i++) {
+        /* every input is read before either output is written: dgate may alias gate, dup up */
+        float gi = g[i], di = d[i], ui = u[i];
+        float s = lunar_ew_sigmoid(gi);
+        dg[i] = di * ui * lunar_ew_dsilu_s(gi, s);
+        du[i] = di * gi * s;
+    }
     return LUNAR_OK;
 }
 
