@@ -39,7 +39,7 @@
 #define RI_NN_MR 6          /* a rows per tile (not trans_b) */
 #define RI_NN_W 16          /* columns per tile (not trans_b): two vectors */
 #define RI_NN_NB 64         /* columns per unit of parallel work (not trans_b) */
-#define RI_PF_FLOATS 1536    /* trans_b prefetch distance (6 KiB): into L2, whose miss queue is deeper than L1's */
+#define RI_PF_FLOATS 1536   /* trans_b prefetch distance (6 KiB): into L2, whose miss queue is deeper than L1's */
 #define RI_CHUNK 128        /* products per parallel region */
 #define RI_UNITS_PER_THREAD 8   /* below this many units a thread, narrower units */
 #define RI_PAR_MIN_MACS (1LL << 18)   /* below this in all, one thread (a parallel region costs more) */
@@ -114,11 +114,10 @@ static inline __attribute__((always_inline)) void ri_tile(const float *const ar[
         for (int t = 0; t < RI_NR; t++) memcpy(bp[t], br[t] + k, (size_t)(K - k) * sizeof(float));
         RI_STEP(ap[0], ap[1], ap[2], ap[3], bp[0], bp[1], bp[2]);
     }
-    float sums[RI_MR * RI_NR];   /* (RI_MR * RI_NR = 12: three rounds of four) */
+    float *sums = &dot[0][0];   /* the RI_MR x RI_NR = 12 results in row order: three rounds of four */
     RI_LANES_SUM4(c00, c01, c02, c10, sums);
     RI_LANES_SUM4(c11, c12, c20, c21, sums + 4);
     RI_LANES_SUM4(c22, c30, c31, c32, sums + 8);
-    memcpy(dot, sums, sizeof sums);
 }
 
 /* c[r][j] = alpha * dot + beta * c[r][j] for the tile's ns x nt results */
